@@ -1,0 +1,7 @@
+"""REST: bindings."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["bindings"])

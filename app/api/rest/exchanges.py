@@ -1,0 +1,7 @@
+"""REST: exchanges."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["exchanges"])

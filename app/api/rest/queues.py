@@ -1,0 +1,7 @@
+"""REST: queues."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["queues"])

@@ -1,0 +1,1 @@
+"""Request and response models, one module per resource. Never the tables."""

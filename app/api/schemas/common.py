@@ -1,0 +1,40 @@
+"""Models shared by every resource: problem details, pages, names."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from app.domain.model import NAME_PATTERN
+
+T = TypeVar("T")
+
+#: A name of an exchange, queue or user (contract §1).
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=255)]
+JsonObject = dict[str, Any]
+
+
+class StrictModel(BaseModel):
+    """Request models refuse unknown fields, so typos are 422 and not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    code: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_after: Annotated[
+        str | int | None,
+        Field(description="Cursor for the next page (`?after=`); null on the last page"),
+    ] = None

@@ -1,0 +1,11 @@
+"""Route + persist in one transaction (stub: being written)."""
+
+from __future__ import annotations
+
+from app.storage.database import Database
+
+
+class Publisher:
+    def __init__(self, db: Database, *, max_message_bytes: int) -> None:
+        self.db = db
+        self.max_message_bytes = max_message_bytes

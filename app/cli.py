@@ -1,0 +1,120 @@
+"""``messagex serve | migrate | openapi``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from app import logs
+from app.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("messagex")
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    overrides = {}
+    if args.no_migrate:
+        overrides["migrate_on_start"] = False
+    if overrides:
+        settings = settings.model_copy(update=overrides)
+    app = create_app(settings)
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        loop="auto",
+        http="auto",
+        ws="websockets-sansio",
+        ws_max_size=settings.max_request_bytes,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from app.storage import migrations
+    from app.storage.database import EmbeddedPostgres, create_engine, redacted
+
+    async def run() -> None:
+        embedded = None
+        url = settings.database_url
+        if url is None:
+            embedded = EmbeddedPostgres(settings.data_dir)
+            url = await asyncio.to_thread(embedded.start)
+            log.info("migrating the embedded PostgreSQL in %s", settings.data_dir / "pgdata")
+        else:
+            log.info("migrating %s", redacted(url))
+        engine = create_engine(url, pool_size=1, max_overflow=0)
+        try:
+            await migrations.upgrade(engine, args.revision)
+        finally:
+            await engine.dispose()
+            if embedded is not None:
+                await asyncio.to_thread(embedded.stop)
+
+    asyncio.run(run())
+    log.info("database at %s", args.revision)
+    return 0
+
+
+def openapi_document(settings: Settings) -> str:
+    from app.main import create_app
+
+    return json.dumps(create_app(settings).openapi(), indent=2, sort_keys=False) + "\n"
+
+
+def _openapi(settings: Settings, args: argparse.Namespace) -> int:
+    text = openapi_document(settings)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="messagex", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the broker")
+    serve.add_argument("--host", help="listen address (default MESSAGEX_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default MESSAGEX_PORT or 8000)")
+    serve.add_argument("--no-migrate", action="store_true", help="do not migrate at start-up")
+    serve.set_defaults(func=_serve)
+    migrate = sub.add_parser("migrate", help="migrate the database to the latest schema")
+    migrate.add_argument("--revision", default="head")
+    migrate.set_defaults(func=_migrate)
+    oa = sub.add_parser("openapi", help="write the OpenAPI document")
+    oa.add_argument("--output", "-o", default="openapi/openapi.json", help="file, or - for stdout")
+    oa.set_defaults(func=_openapi)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"messagex: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        code: int = args.func(settings, args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

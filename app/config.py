@@ -1,0 +1,93 @@
+"""Settings from the environment. Built by ``create_app`` / the CLI, never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import platformdirs
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("messagex"))
+
+
+class Settings(BaseSettings):
+    """Every setting the contract names (§11), plus the broker's own ``MESSAGEX_*`` ones."""
+
+    model_config = SettingsConfigDict(env_prefix="MESSAGEX_", extra="ignore", frozen=True)
+
+    database_url: Annotated[
+        str | None, Field(validation_alias=AliasChoices("DATABASE_URL", "MESSAGEX_DATABASE_URL"))
+    ] = None
+    ack_timeout_seconds: Annotated[
+        int, Field(ge=1, validation_alias=AliasChoices("ACK_TIMEOUT_SECONDS"))
+    ] = 30
+    ack_timeout_check_interval_ms: Annotated[
+        int, Field(ge=10, validation_alias=AliasChoices("ACK_TIMEOUT_CHECK_INTERVAL_MS"))
+    ] = 5000
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    admin_user: str | None = None
+    admin_password: str | None = None
+    max_message_bytes: Annotated[int, Field(ge=1)] = MiB
+    max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
+    session_ttl_seconds: Annotated[int, Field(ge=1)] = 86400
+    allowed_origins: str = ""
+    log_level: str = "info"
+    log_format: str = "json"
+    db_pool_size: Annotated[int, Field(ge=1, le=500)] = 10
+    db_max_overflow: Annotated[int, Field(ge=0, le=500)] = 10
+    db_connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    db_pool_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    db_statement_timeout_ms: Annotated[int, Field(ge=0)] = 30_000
+    migrate_on_start: bool = True
+    #: verified Basic credentials are cached this long (contract: at most 5 s)
+    auth_cache_seconds: Annotated[float, Field(ge=0, le=5)] = 5.0
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        scheme = value.split("://", 1)[0]
+        if scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
+            raise ValueError("must start with postgresql:// or postgresql+asyncpg://")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        if value.lower() not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError("must be one of critical, error, warning, info, debug")
+        return value.lower()
+
+    @property
+    def async_database_url(self) -> str | None:
+        """``DATABASE_URL`` in the form SQLAlchemy's asyncpg dialect wants."""
+        if self.database_url is None:
+            return None
+        _, rest = self.database_url.split("://", 1)
+        return "postgresql+asyncpg://" + rest
+
+
+class SettingsError(Exception):
+    """Settings are invalid; the message is one line fit for a log."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None

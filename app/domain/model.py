@@ -1,0 +1,178 @@
+"""The broker's vocabulary: plain values, no I/O."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+#: Names of exchanges, queues and users (contract §1).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,254}$"
+NAME_RE = re.compile(NAME_PATTERN)
+RESERVED_PREFIX = "amq."
+BUILTIN_EXCHANGES: dict[str, str] = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.topic": "topic",
+    "amq.headers": "headers",
+}
+MAX_DELAY_MS = 604_800_000
+
+
+def is_valid_name(name: str) -> bool:
+    return NAME_RE.fullmatch(name) is not None
+
+
+class ExchangeType(StrEnum):
+    DIRECT = "direct"
+    FANOUT = "fanout"
+    TOPIC = "topic"
+    HEADERS = "headers"
+
+
+class MessageStatus(StrEnum):
+    """Stored statuses. ``delayed`` is derived: ready with ``available_at`` in the future."""
+
+    READY = "ready"
+    IN_FLIGHT = "in_flight"
+    DEAD = "dead"
+
+
+class BrowseStatus(StrEnum):
+    READY = "ready"
+    DELAYED = "delayed"
+    IN_FLIGHT = "in_flight"
+    DEAD = "dead"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    USER = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    name: str
+    type: ExchangeType
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def builtin(self) -> bool:
+        return self.name in BUILTIN_EXCHANGES
+
+    def same_properties(self, other: Exchange) -> bool:
+        return (self.type, self.durable, self.auto_delete, self.arguments) == (
+            other.type,
+            other.durable,
+            other.auto_delete,
+            other.arguments,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    name: str
+    durable: bool = True
+    max_delivery_count: int | None = None
+    dead_letter_queue: str | None = None
+    ack_timeout_seconds: int | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def same_properties(self, other: Queue) -> bool:
+        return (
+            self.durable,
+            self.max_delivery_count,
+            self.dead_letter_queue,
+            self.ack_timeout_seconds,
+            self.arguments,
+        ) == (
+            other.durable,
+            other.max_delivery_count,
+            other.dead_letter_queue,
+            other.ack_timeout_seconds,
+            other.arguments,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    ready: int = 0
+    delayed: int = 0
+    in_flight: int = 0
+    dead: int = 0
+    consumers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    id: int
+    exchange: str
+    queue: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """RabbitMQ-style permissions: regular expressions matched in full; "" allows nothing."""
+
+    configure: str = ""
+    write: str = ""
+    read: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    username: str
+    role: Role
+    permissions: Permissions
+    loopback_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message as a publisher hands it over, before routing.
+
+    ``body`` is the stored bytes: JSON-serialized for ``body`` publishes, raw for
+    ``body_base64`` ones (``binary`` is then true and deliveries use base64).
+    """
+
+    body: bytes
+    binary: bool
+    routing_key: str = ""
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    delay_ms: int = 0
+    mandatory: bool = False
+    message_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    routed: bool
+    queues: list[str]
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message row as browse and delivery see it."""
+
+    id: int
+    queue: str
+    message_id: str
+    status: BrowseStatus
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: bytes
+    binary: bool
+    delivery_count: int
+    created_at: datetime
+    available_at: datetime
+    delivery_tag: str | None = None

@@ -1,0 +1,235 @@
+"""Tables of the broker. alembic's ``target_metadata``; the migration test compares them.
+
+Names of constraints and indexes follow ``NAMING_CONVENTION`` so that driver errors can be
+mapped to domain errors by constraint name (see ``storage.database.constraint_of``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+NOW = text("now()")
+EMPTY_OBJECT = text("'{}'::jsonb")
+
+
+def _ts(name: str, *, nullable: bool = False, default: bool = True) -> Column[object]:
+    return Column(
+        name,
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=NOW if default else None,
+    )
+
+
+exchanges = Table(
+    "exchanges",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("name", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("durable", Boolean, nullable=False, server_default=text("true")),
+    Column("auto_delete", Boolean, nullable=False, server_default=text("false")),
+    Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
+    _ts("created_at"),
+    UniqueConstraint("name"),
+    CheckConstraint("type IN ('direct', 'fanout', 'topic', 'headers')", name="type"),
+)
+
+queues = Table(
+    "queues",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("name", Text, nullable=False),
+    Column("durable", Boolean, nullable=False, server_default=text("true")),
+    Column("max_delivery_count", Integer, nullable=True),
+    # ON DELETE RESTRICT: a queue named as another's dead-letter queue cannot go (409).
+    Column(
+        "dead_letter_queue_id",
+        BigInteger,
+        ForeignKey("queues.id", ondelete="RESTRICT"),
+        nullable=True,
+    ),
+    Column("ack_timeout_seconds", Integer, nullable=True),
+    Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
+    _ts("created_at"),
+    UniqueConstraint("name"),
+    CheckConstraint(
+        "max_delivery_count IS NULL OR max_delivery_count >= 1", name="max_delivery_count"
+    ),
+    CheckConstraint(
+        "ack_timeout_seconds IS NULL OR ack_timeout_seconds >= 1", name="ack_timeout_seconds"
+    ),
+    CheckConstraint("dead_letter_queue_id IS DISTINCT FROM id", name="dead_letter_not_self"),
+)
+Index(
+    None, queues.c.dead_letter_queue_id, postgresql_where=queues.c.dead_letter_queue_id.isnot(None)
+)
+
+bindings = Table(
+    "bindings",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "exchange_id", BigInteger, ForeignKey("exchanges.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), nullable=False),
+    Column("routing_key", Text, nullable=False, server_default=text("''")),
+    Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
+    _ts("created_at"),
+    # Bindings that differ only in arguments are distinct (contract §6).
+    UniqueConstraint("exchange_id", "queue_id", "routing_key", "arguments"),
+)
+Index(None, bindings.c.queue_id)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'ready'")),
+    Column("message_id", Text, nullable=False),
+    Column("exchange", Text, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=EMPTY_OBJECT),
+    Column("properties", JSONB, nullable=False, server_default=EMPTY_OBJECT),
+    # JSON-serialized body, or the raw bytes of a body_base64 publish (binary = true).
+    Column("body", LargeBinary, nullable=False),
+    Column("binary", Boolean, nullable=False, server_default=text("false")),
+    Column("delivery_count", Integer, nullable=False, server_default=text("0")),
+    _ts("created_at"),
+    _ts("available_at"),
+    # Set by a claim; cleared when the message returns to ready.
+    _ts("delivered_at", nullable=True, default=False),
+    _ts("lease_expires_at", nullable=True, default=False),
+    Column("delivery_tag", Text, nullable=True),
+    Column("owner_process", UUID(as_uuid=False), nullable=True),
+    Column("owner_connection", UUID(as_uuid=False), nullable=True),
+    Column("owner_user", Text, nullable=True),
+    CheckConstraint("status IN ('ready', 'in_flight', 'dead')", name="status"),
+    CheckConstraint(
+        "(status = 'in_flight') = (delivery_tag IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="in_flight_has_lease",
+    ),
+    # Fill pages to 70 % so that claim/release updates can stay on the page (HOT-friendly).
+    postgresql_with={"fillfactor": 70},
+)
+# The claim: first ready message of a queue in (available_at, id) order.
+Index(
+    "ix_messages_claim",
+    messages.c.queue_id,
+    messages.c.available_at,
+    messages.c.id,
+    postgresql_where=text("status = 'ready'"),
+)
+# The ack-timeout sweep: in-flight deliveries by lease expiry.
+Index(
+    "ix_messages_lease",
+    messages.c.lease_expires_at,
+    postgresql_where=text("status = 'in_flight'"),
+)
+# Release on disconnect: in-flight deliveries by owning connection.
+Index(
+    "ix_messages_owner",
+    messages.c.owner_connection,
+    postgresql_where=text("status = 'in_flight'"),
+)
+# Browse, stats, purge and the ON DELETE CASCADE from queues.
+Index("ix_messages_queue", messages.c.queue_id, messages.c.id)
+
+broker_users = Table(
+    "broker_users",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("username", Text, nullable=False),
+    Column("password_hash", Text, nullable=False),
+    Column("role", Text, nullable=False, server_default=text("'user'")),
+    Column("perm_configure", Text, nullable=False, server_default=text("''")),
+    Column("perm_write", Text, nullable=False, server_default=text("''")),
+    Column("perm_read", Text, nullable=False, server_default=text("''")),
+    # The bootstrap guest may authenticate only from a loopback address.
+    Column("loopback_only", Boolean, nullable=False, server_default=text("false")),
+    _ts("created_at"),
+    _ts("updated_at"),
+    UniqueConstraint("username"),
+    CheckConstraint("role IN ('admin', 'user')", name="role"),
+)
+
+management_sessions = Table(
+    "management_sessions",
+    metadata,
+    # SHA-256 of the bearer token; the token itself is never stored.
+    Column("token_digest", LargeBinary, primary_key=True),
+    Column(
+        "user_id", BigInteger, ForeignKey("broker_users.id", ondelete="CASCADE"), nullable=False
+    ),
+    _ts("created_at"),
+    _ts("expires_at", default=False),
+)
+Index(None, management_sessions.c.user_id)
+Index(None, management_sessions.c.expires_at)
+
+auth_failures = Table(
+    "auth_failures",
+    metadata,
+    # "user:<name>" or "addr:<ip>"; shared by every broker process.
+    Column("key", Text, primary_key=True),
+    _ts("window_start"),
+    Column("failures", Integer, nullable=False, server_default=text("1")),
+)
+
+broker_processes = Table(
+    "broker_processes",
+    metadata,
+    # One row per running broker process; a row whose heartbeat is stale belongs to a dead
+    # process, whose subscriptions and deliveries the survivors clean up.
+    Column("id", UUID(as_uuid=False), primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("connections", Integer, nullable=False, server_default=text("0")),
+    _ts("started_at"),
+    _ts("heartbeat_at"),
+)
+
+subscriptions = Table(
+    "subscriptions",
+    metadata,
+    # Live WebSocket subscriptions, so that every process can count consumers.
+    Column("connection_id", UUID(as_uuid=False), primary_key=True),
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
+    Column(
+        "process_id",
+        UUID(as_uuid=False),
+        ForeignKey("broker_processes.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("prefetch", Integer, nullable=False),
+    _ts("created_at"),
+)
+Index(None, subscriptions.c.queue_id)
+Index(None, subscriptions.c.process_id)

@@ -1,0 +1,89 @@
+"""Fixtures: one PostgreSQL for the run, one migrated template, a fresh clone per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from app.storage.database import Database, create_engine
+from tests.support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    LiveServer,
+    PgCluster,
+    client,
+    login,
+    running_server,
+    test_settings,
+)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
+    cluster = PgCluster(tmp_path_factory.mktemp("pg"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_cluster: PgCluster) -> Iterator[str]:
+    name = pg_cluster.template()
+    yield name
+    pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+def database_url(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
+    """A freshly migrated database of this test's own (a clone of the template)."""
+    name = pg_cluster.create_database(template_db)
+    try:
+        yield pg_cluster.url_for(name)
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+def empty_database_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """A database with no schema at all."""
+    name = pg_cluster.create_database(None)
+    try:
+        yield pg_cluster.url_for(name)
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    database = Database(create_engine(database_url, pool_size=5, max_overflow=5))
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest.fixture
+def server(database_url: str) -> Iterator[LiveServer]:
+    with running_server(test_settings(database_url)) as live:
+        yield live
+
+
+@pytest.fixture
+def admin_token(server: LiveServer) -> str:
+    return login(server.base_url, ADMIN_USER, ADMIN_PASSWORD)
+
+
+@pytest.fixture
+def admin(server: LiveServer, admin_token: str) -> Iterator[httpx.Client]:
+    """An httpx client for /api/v1 logged in as the bootstrap admin."""
+    with client(server.base_url, admin_token) as c:
+        yield c
+
+
+@pytest.fixture
+def anon(server: LiveServer) -> Iterator[httpx.Client]:
+    with client(server.base_url) as c:
+        yield c

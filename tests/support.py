@@ -1,0 +1,245 @@
+"""Test plumbing: a real PostgreSQL (external or embedded), template databases, a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import uvicorn
+
+from app.config import Settings, load_settings
+from app.main import create_app
+
+T = TypeVar("T")
+
+ADMIN_USER = "admin"
+ADMIN_PASSWORD = "admin-secret-password"
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 5.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+async def async_wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 5.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+def with_database(url: str, dbname: str) -> str:
+    """``url`` pointed at another database (works for host/port and socket URLs alike)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+def asyncpg_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def _admin_sql(url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        for sql in statements:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def admin_sql(url: str, *statements: str) -> None:
+    asyncio.run(_admin_sql(url, *statements))
+
+
+class PgCluster:
+    """Where the test databases live: MESSAGEX_TEST_DATABASE_URL, or an embedded server."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.embedded: Any = None
+        url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
+        if not url:
+            from app.storage.database import EmbeddedPostgres
+
+            self.embedded = EmbeddedPostgres(tmp)
+            url = self.embedded.start()
+            # A throwaway cluster: durability buys nothing here.
+            admin_sql(
+                url,
+                "ALTER SYSTEM SET fsync = off",
+                "ALTER SYSTEM SET synchronous_commit = off",
+                "ALTER SYSTEM SET full_page_writes = off",
+                "SELECT pg_reload_conf()",
+            )
+        self.url = url
+        self._counter = itertools.count()
+        self.prefix = f"mxt_{os.getpid()}"
+
+    def template(self) -> str:
+        """Create and migrate the template database once; returns its name."""
+        from app.storage import migrations
+        from app.storage.database import create_engine
+
+        name = f"{self.prefix}_template"
+        admin_sql(
+            self.url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+        )
+
+        async def migrate() -> None:
+            engine = create_engine(with_database(self.url, name), pool_size=1, max_overflow=0)
+            try:
+                await migrations.upgrade(engine)
+            finally:
+                await engine.dispose()
+
+        asyncio.run(migrate())
+        return name
+
+    def create_database(self, template: str | None) -> str:
+        name = f"{self.prefix}_{next(self._counter)}"
+        clause = f' TEMPLATE "{template}"' if template else ""
+        admin_sql(
+            self.url,
+            f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+            f'CREATE DATABASE "{name}"{clause}',
+        )
+        return name
+
+    def drop_database(self, name: str) -> None:
+        admin_sql(self.url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def url_for(self, name: str) -> str:
+        return with_database(self.url, name)
+
+    def stop(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    """A real uvicorn server in a thread of this process, on a loopback port."""
+
+    settings: Settings
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/api/v1/ws"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def test_settings(database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "admin_user": ADMIN_USER,
+        "admin_password": ADMIN_PASSWORD,
+        "log_format": "text",
+        "db_pool_size": 5,
+        "db_max_overflow": 5,
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+def start_server(settings: Settings) -> LiveServer:
+    app = create_app(settings)
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        ws="websockets-sansio",
+        ws_max_size=settings.max_request_bytes,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    live = LiveServer(settings, server, thread, port)
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the test server failed to start")
+        if time.monotonic() > deadline:
+            live.stop()
+            raise RuntimeError("the test server did not start within 30 s")
+        time.sleep(0.005)
+    return live
+
+
+@contextmanager
+def running_server(settings: Settings) -> Iterator[LiveServer]:
+    live = start_server(settings)
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def login(base_url: str, username: str, password: str) -> str:
+    r = httpx.post(
+        f"{base_url}/api/v1/auth/login", json={"username": username, "password": password}
+    )
+    assert r.status_code == 201, r.text
+    token: str = r.json()["token"]
+    return token
+
+
+def client(base_url: str, token: str | None = None, **kwargs: Any) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=f"{base_url}/api/v1", headers=headers, timeout=30, **kwargs)
