@@ -77,9 +77,9 @@ def admin_token(server: LiveServer) -> str:
 
 
 @pytest.fixture
-def admin(server: LiveServer, admin_token: str) -> Iterator[httpx.Client]:
-    """An httpx client for /api/v1 logged in as the bootstrap admin."""
-    with client(server.base_url, admin_token) as c:
+def admin(server: LiveServer) -> Iterator[httpx.Client]:
+    """An httpx client for /api/v1 as the bootstrap admin (HTTP Basic)."""
+    with client(server.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
         yield c
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from app.metrics import Metrics
 from app.config import Settings
 from app.domain.model import Permissions, Role, User
 from app.storage.database import Database
 
 
 class AuthService:
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, metrics: Metrics) -> None:
         self.db = db
         self.settings = settings
+        self.metrics = metrics
 
     async def bootstrap(self) -> None:
         return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from app.auth.service import AuthService
 from app.broker.inspection import MessageBrowser
+from app.metrics import Metrics
 from app.broker.publisher import Publisher
 from app.broker.topology import TopologyService
 from app.config import Settings
@@ -16,6 +17,7 @@ from app.storage.database import Database
 class Services:
     settings: Settings
     db: Database
+    metrics: Metrics
     auth: AuthService
     topology: TopologyService
     publisher: Publisher
@@ -23,11 +25,13 @@ class Services:
 
 
 def build_services(settings: Settings, db: Database) -> Services:
+    metrics = Metrics()
     return Services(
         settings=settings,
         db=db,
-        auth=AuthService(db, settings),
+        metrics=metrics,
+        auth=AuthService(db, settings, metrics),
         topology=TopologyService(db),
-        publisher=Publisher(db, max_message_bytes=settings.max_message_bytes),
+        publisher=Publisher(db, metrics, max_message_bytes=settings.max_message_bytes),
         browser=MessageBrowser(db),
     )

@@ -1,0 +1,54 @@
+"""Prometheus metrics of one broker app (its own registry: several apps may share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.published = Counter(
+            "messagex_messages_published", "Messages accepted by publish calls", registry=r
+        )
+        self.routed_copies = Counter(
+            "messagex_message_copies_stored", "Message rows stored (one per routed queue)",
+            registry=r,
+        )
+        self.unroutable = Counter(
+            "messagex_messages_unroutable", "Published messages that matched no queue", registry=r
+        )
+        self.delivered = Counter(
+            "messagex_messages_delivered", "Deliveries claimed for consumers", ["via"], registry=r
+        )
+        self.acked = Counter("messagex_messages_acked", "Deliveries acknowledged", registry=r)
+        self.nacked = Counter(
+            "messagex_messages_nacked", "Deliveries rejected, by outcome", ["outcome"], registry=r
+        )
+        self.released = Counter(
+            "messagex_deliveries_released",
+            "Deliveries released by timeout or disconnect, by outcome",
+            ["reason", "outcome"],
+            registry=r,
+        )
+        self.connections = Gauge(
+            "messagex_websocket_connections", "Open WebSocket connections", registry=r
+        )
+        self.subscriptions = Gauge(
+            "messagex_subscriptions", "Live WebSocket subscriptions", registry=r
+        )
+        self.http_requests = Counter(
+            "messagex_http_requests", "HTTP requests by route and status", ["route", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "messagex_http_request_seconds", "HTTP request latency", ["route"], registry=r
+        )
+        self.auth_failures = Counter(
+            "messagex_auth_failures", "Failed authentications", registry=r
+        )
+
+    def render(self) -> bytes:
+        out: bytes = generate_latest(self.registry)
+        return out
