@@ -1,0 +1,590 @@
+"""Exchanges, queues and bindings: every SQL statement of the topology, with its locking.
+
+Concurrency, in one place (all transactions run at READ COMMITTED):
+
+- Declares are ``INSERT ... ON CONFLICT DO NOTHING`` and, when nothing was inserted, a read of
+  the winner. Two identical concurrent declares therefore both succeed (one 201, one 200)
+  instead of one of them failing on the unique constraint. ON CONFLICT waits for an
+  uncommitted conflicting insert, and the follow-up SELECT is a new statement with a new
+  snapshot, so it sees the winner. If the winner was deleted in between, the declare retries.
+- Row-lock order, everywhere: queue → exchange → binding rows. A binding insert takes
+  ``FOR KEY SHARE`` on its queue and then its exchange (the same locks its foreign keys take);
+  a queue delete locks the queue ``FOR UPDATE``, then its auto-delete exchanges ``FOR UPDATE``,
+  and only then cascades into ``bindings``; an exchange delete or binding delete locks the
+  exchange first and then binding rows. One order means no deadlock between these paths.
+- Checks that must hold at the moment of a delete (``if_empty``, ``if_unused``, "not a
+  dead-letter queue", "last binding gone") are made after the row lock is taken, each in a
+  new statement (so with a snapshot that includes every transaction that held a conflicting
+  lock). ``FOR UPDATE`` conflicts with the ``FOR KEY SHARE`` lock that every foreign-key
+  insert (message, binding, subscription, queue naming it as dead-letter queue) takes on its
+  parent, so none of those can slip in between the check and the delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar
+
+from sqlalchemy import and_, cast, delete, exists, func, literal, select, true
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.model import (
+    Binding,
+    Exchange,
+    ExchangeType,
+    MessageStatus,
+    Queue,
+    QueueStats,
+)
+from app.errors import NotFound, PreconditionFailed, ValidationFailed
+from app.storage import tables
+from app.storage.database import constraint_of
+
+#: A subscription counts as a consumer while its broker process heartbeated this recently.
+SUBSCRIBER_LIVENESS = timedelta(seconds=15)
+
+#: SQLSTATE program_limit_exceeded: e.g. an index row over the btree limit (~2.7 kB).
+_PROGRAM_LIMIT_EXCEEDED = "54000"
+
+#: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
+_DECLARE_ATTEMPTS = 5
+
+_ex = tables.exchanges
+_q = tables.queues
+_dlq = tables.queues.alias("dlq")
+_b = tables.bindings
+_m = tables.messages
+_s = tables.subscriptions
+_p = tables.broker_processes
+
+T = TypeVar("T")
+LockMode = Literal["update", "key_share"]
+
+
+@dataclass(frozen=True, slots=True)
+class Declared(Generic[T]):
+    """The outcome of a declare: the stored object, whether this call created it, and the
+    properties in which the stored object differs from the declared one (empty = identical)."""
+
+    value: T
+    created: bool
+    differing: tuple[str, ...] = ()
+
+
+def _json(value: dict[str, Any]) -> Any:
+    """A bound JSONB parameter, so comparisons use jsonb equality (``1 = 1.0``, ``true != 1``),
+    the same equality as the unique constraint on bindings."""
+    return cast(literal(value, JSONB), JSONB)
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    state = getattr(getattr(exc.orig, "__cause__", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def _locked(stmt: Any, lock: LockMode | None) -> Any:
+    if lock == "update":
+        return stmt.with_for_update()
+    if lock == "key_share":
+        return stmt.with_for_update(key_share=True, read=True)
+    return stmt
+
+
+# --------------------------------------------------------------------------- exchanges
+
+_EXCHANGE_COLUMNS = (_ex.c.name, _ex.c.type, _ex.c.durable, _ex.c.auto_delete, _ex.c.arguments)
+
+
+def _exchange(row: Any) -> Exchange:
+    return Exchange(
+        name=row.name,
+        type=ExchangeType(row.type),
+        durable=row.durable,
+        auto_delete=row.auto_delete,
+        arguments=row.arguments,
+    )
+
+
+async def declare_exchange(conn: AsyncConnection, exchange: Exchange) -> Declared[Exchange]:
+    insert = (
+        pg_insert(_ex)
+        .values(
+            name=exchange.name,
+            type=exchange.type.value,
+            durable=exchange.durable,
+            auto_delete=exchange.auto_delete,
+            arguments=exchange.arguments,
+        )
+        .on_conflict_do_nothing(constraint="uq_exchanges_name")
+        .returning(*_EXCHANGE_COLUMNS)
+    )
+    compare = select(
+        *_EXCHANGE_COLUMNS, (_ex.c.arguments == _json(exchange.arguments)).label("same_arguments")
+    ).where(_ex.c.name == exchange.name)
+    for _ in range(_DECLARE_ATTEMPTS):
+        created = (await conn.execute(insert)).first()
+        if created is not None:
+            return Declared(_exchange(created), created=True)
+        row = (await conn.execute(compare)).first()
+        if row is None:  # deleted between our INSERT and SELECT: try again
+            continue
+        existing = _exchange(row)
+        differing = [
+            field
+            for field in ("type", "durable", "auto_delete")
+            if getattr(existing, field) != getattr(exchange, field)
+        ]
+        if not row.same_arguments:
+            differing.append("arguments")
+        return Declared(existing, created=False, differing=tuple(differing))
+    raise PreconditionFailed(
+        f"exchange '{exchange.name}' is being declared and deleted concurrently"
+    )
+
+
+async def get_exchange(
+    conn: AsyncConnection, name: str, *, lock: LockMode | None = None
+) -> Exchange | None:
+    stmt = _locked(select(*_EXCHANGE_COLUMNS).where(_ex.c.name == name), lock)
+    row = (await conn.execute(stmt)).first()
+    return _exchange(row) if row is not None else None
+
+
+async def list_exchanges(conn: AsyncConnection, *, after: str | None, limit: int) -> list[Exchange]:
+    """Up to ``limit`` exchanges after ``after``, in byte order of their names."""
+    stmt = select(*_EXCHANGE_COLUMNS).order_by(_ex.c.name.collate("C")).limit(limit)
+    if after is not None:
+        stmt = stmt.where(_ex.c.name.collate("C") > after)
+    return [_exchange(row) for row in await conn.execute(stmt)]
+
+
+async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) -> None:
+    """Delete an exchange and (by cascade) its bindings. Raises NotFound / PreconditionFailed.
+
+    The row is locked FOR UPDATE before ``if_unused`` is checked: a concurrent binding insert
+    holds (or waits for) FOR KEY SHARE on it, so it either committed before our check or fails
+    its foreign key after our delete — never bound to a deleted exchange.
+    """
+    exchange_id = (
+        await conn.execute(select(_ex.c.id).where(_ex.c.name == name).with_for_update())
+    ).scalar()
+    if exchange_id is None:
+        raise NotFound(f"exchange '{name}' not found")
+    if if_unused:
+        used = (
+            await conn.execute(select(exists().where(_b.c.exchange_id == exchange_id)))
+        ).scalar()
+        if used:
+            raise PreconditionFailed(f"exchange '{name}' is in use (it has bindings)")
+    await conn.execute(delete(_ex).where(_ex.c.id == exchange_id))
+
+
+async def _delete_unused_auto_delete_exchanges(
+    conn: AsyncConnection, exchange_ids: Sequence[int]
+) -> list[str]:
+    """Delete those of the (already locked) auto-delete exchanges that have no binding left.
+
+    A new statement after the locks were taken, so it sees every committed binding.
+    """
+    if not exchange_ids:
+        return []
+    no_binding = ~exists().where(_b.c.exchange_id == _ex.c.id)
+    stmt = (
+        delete(_ex)
+        .where(_ex.c.id.in_(exchange_ids), _ex.c.auto_delete, no_binding)
+        .returning(_ex.c.name)
+    )
+    return list((await conn.execute(stmt)).scalars())
+
+
+# --------------------------------------------------------------------------- queues
+
+_QUEUE_COLUMNS = (
+    _q.c.name,
+    _q.c.durable,
+    _q.c.max_delivery_count,
+    _dlq.c.name.label("dead_letter_queue"),
+    _q.c.ack_timeout_seconds,
+    _q.c.arguments,
+)
+_QUEUE_FROM = _q.outerjoin(_dlq, _dlq.c.id == _q.c.dead_letter_queue_id)
+_QUEUE_PROPERTIES = ("durable", "max_delivery_count", "dead_letter_queue", "ack_timeout_seconds")
+
+
+def _queue(row: Any) -> Queue:
+    return Queue(
+        name=row.name,
+        durable=row.durable,
+        max_delivery_count=row.max_delivery_count,
+        dead_letter_queue=row.dead_letter_queue,
+        ack_timeout_seconds=row.ack_timeout_seconds,
+        arguments=row.arguments,
+    )
+
+
+async def find_queue_id(
+    conn: AsyncConnection, name: str, *, lock: LockMode | None = None
+) -> int | None:
+    stmt = _locked(select(_q.c.id).where(_q.c.name == name), lock)
+    queue_id: int | None = (await conn.execute(stmt)).scalar()
+    return queue_id
+
+
+async def declare_queue(conn: AsyncConnection, queue: Queue) -> Declared[Queue]:
+    """Declare a queue. Raises NotFound when its dead-letter queue does not exist.
+
+    The dead-letter queue is locked FOR KEY SHARE (as the foreign key would) so that it cannot
+    be deleted between the lookup and our insert; should it vanish anyway, the foreign-key
+    violation is reported as the same NotFound.
+    """
+    dlq_id: int | None = None
+    if queue.dead_letter_queue is not None:
+        dlq_id = await find_queue_id(conn, queue.dead_letter_queue, lock="key_share")
+        if dlq_id is None:
+            raise NotFound(f"dead-letter queue '{queue.dead_letter_queue}' not found")
+    insert = (
+        pg_insert(_q)
+        .values(
+            name=queue.name,
+            durable=queue.durable,
+            max_delivery_count=queue.max_delivery_count,
+            dead_letter_queue_id=dlq_id,
+            ack_timeout_seconds=queue.ack_timeout_seconds,
+            arguments=queue.arguments,
+        )
+        .on_conflict_do_nothing(constraint="uq_queues_name")
+        .returning(_q.c.id)
+    )
+    compare = (
+        select(*_QUEUE_COLUMNS, (_q.c.arguments == _json(queue.arguments)).label("same_arguments"))
+        .select_from(_QUEUE_FROM)
+        .where(_q.c.name == queue.name)
+    )
+    for _ in range(_DECLARE_ATTEMPTS):
+        try:
+            created = (await conn.execute(insert)).first()
+        except IntegrityError as exc:
+            if constraint_of(exc) == "fk_queues_dead_letter_queue_id_queues":
+                raise NotFound(f"dead-letter queue '{queue.dead_letter_queue}' not found") from None
+            raise
+        if created is not None:
+            return Declared(queue, created=True)
+        row = (await conn.execute(compare)).first()
+        if row is None:  # deleted between our INSERT and SELECT: try again
+            continue
+        existing = _queue(row)
+        differing = [f for f in _QUEUE_PROPERTIES if getattr(existing, f) != getattr(queue, f)]
+        if not row.same_arguments:
+            differing.append("arguments")
+        return Declared(existing, created=False, differing=tuple(differing))
+    raise PreconditionFailed(f"queue '{queue.name}' is being declared and deleted concurrently")
+
+
+async def get_queue(conn: AsyncConnection, name: str) -> Queue | None:
+    stmt = select(*_QUEUE_COLUMNS).select_from(_QUEUE_FROM).where(_q.c.name == name)
+    row = (await conn.execute(stmt)).first()
+    return _queue(row) if row is not None else None
+
+
+async def list_queues(conn: AsyncConnection, *, after: str | None, limit: int) -> list[Queue]:
+    """Up to ``limit`` queues after ``after``, in byte order of their names (no stats)."""
+    stmt = (
+        select(*_QUEUE_COLUMNS)
+        .select_from(_QUEUE_FROM)
+        .order_by(_q.c.name.collate("C"))
+        .limit(limit)
+    )
+    if after is not None:
+        stmt = stmt.where(_q.c.name.collate("C") > after)
+    return [_queue(row) for row in await conn.execute(stmt)]
+
+
+def _live_subscriptions(queue_id: Any) -> Any:
+    """Subscriptions of ``queue_id`` whose broker process heartbeated recently (database clock)."""
+    return (
+        select(_s.c.connection_id)
+        .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
+        .where(_s.c.queue_id == queue_id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+    )
+
+
+async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, QueueStats]:
+    """Stats of the named queues, in ONE statement whatever their number.
+
+    Two LATERAL aggregates per queue: message counts by status (through ix_messages_queue)
+    and live consumers. ``delayed`` is derived: ready with ``available_at`` still ahead of
+    the database clock. Missing queues are simply absent from the result.
+    """
+    if not names:
+        return {}
+    ready = _m.c.status == MessageStatus.READY.value
+    counts = (
+        select(
+            func.count().filter(and_(ready, _m.c.available_at <= func.now())).label("ready"),
+            func.count().filter(and_(ready, _m.c.available_at > func.now())).label("delayed"),
+            func.count().filter(_m.c.status == MessageStatus.IN_FLIGHT.value).label("in_flight"),
+            func.count().filter(_m.c.status == MessageStatus.DEAD.value).label("dead"),
+        )
+        .where(_m.c.queue_id == _q.c.id)
+        .lateral("counts")
+    )
+    consumers = (
+        select(func.count().label("consumers"))
+        .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
+        .where(_s.c.queue_id == _q.c.id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+        .lateral("consumers")
+    )
+    stmt = (
+        select(_q.c.name, counts, consumers)
+        .select_from(_q.join(counts, true()).join(consumers, true()))
+        .where(_q.c.name.in_(list(names)))
+    )
+    return {
+        row.name: QueueStats(
+            ready=row.ready,
+            delayed=row.delayed,
+            in_flight=row.in_flight,
+            dead=row.dead,
+            consumers=row.consumers,
+        )
+        for row in await conn.execute(stmt)
+    }
+
+
+async def delete_queue(
+    conn: AsyncConnection, name: str, *, if_empty: bool, if_unused: bool
+) -> list[str]:
+    """Delete a queue with (by cascade) its messages, bindings and subscriptions, then the
+    auto-delete exchanges that lost their last binding; returns the names of those exchanges.
+
+    Raises NotFound, or PreconditionFailed when the queue is another queue's dead-letter
+    queue or ``if_empty`` / ``if_unused`` do not hold. The queue row is locked FOR UPDATE
+    before those checks: message inserts (publish, dead-lettering), subscription inserts and
+    declares naming it as dead-letter queue all take FOR KEY SHARE on it and so cannot
+    interleave between check and delete.
+    """
+    queue_id = await find_queue_id(conn, name, lock="update")
+    if queue_id is None:
+        raise NotFound(f"queue '{name}' not found")
+    referring = list(
+        (
+            await conn.execute(
+                select(_q.c.name)
+                .where(_q.c.dead_letter_queue_id == queue_id)
+                .order_by(_q.c.name.collate("C"))
+            )
+        ).scalars()
+    )
+    if referring:
+        raise PreconditionFailed(
+            f"queue '{name}' is the dead-letter queue of: {', '.join(referring)}"
+        )
+    if (
+        if_empty
+        and (await conn.execute(select(exists().where(_m.c.queue_id == queue_id)))).scalar()
+    ):
+        raise PreconditionFailed(f"queue '{name}' is not empty")
+    if if_unused and (await conn.execute(select(_live_subscriptions(queue_id).exists()))).scalar():
+        raise PreconditionFailed(f"queue '{name}' is in use (it has consumers)")
+    # Lock the auto-delete exchanges bound to this queue before the cascade touches bindings
+    # (lock order queue → exchange → bindings, as everywhere else).
+    auto_delete_ids = list(
+        (
+            await conn.execute(
+                select(_ex.c.id)
+                .where(
+                    _ex.c.auto_delete,
+                    _ex.c.id.in_(select(_b.c.exchange_id).where(_b.c.queue_id == queue_id)),
+                )
+                .order_by(_ex.c.id)
+                .with_for_update()
+            )
+        ).scalars()
+    )
+    try:
+        await conn.execute(delete(_q).where(_q.c.id == queue_id))
+    except IntegrityError as exc:  # the lock makes this unreachable; keep the 409 regardless
+        if constraint_of(exc) == "fk_queues_dead_letter_queue_id_queues":
+            raise PreconditionFailed(
+                f"queue '{name}' is another queue's dead-letter queue"
+            ) from None
+        raise
+    return await _delete_unused_auto_delete_exchanges(conn, auto_delete_ids)
+
+
+async def purge_queue(conn: AsyncConnection, name: str) -> int:
+    """Delete the queue's ready (delayed included) and dead messages; in-flight ones stay.
+
+    A message being claimed concurrently is row-locked by its claimer; the DELETE waits for it
+    and re-checks its status, so a message that has just gone in flight is left alone.
+    """
+    queue_id = await find_queue_id(conn, name)
+    if queue_id is None:
+        raise NotFound(f"queue '{name}' not found")
+    result = await conn.execute(
+        delete(_m).where(
+            _m.c.queue_id == queue_id,
+            _m.c.status.in_([MessageStatus.READY.value, MessageStatus.DEAD.value]),
+        )
+    )
+    return int(result.rowcount)
+
+
+# --------------------------------------------------------------------------- bindings
+
+_BINDING_COLUMNS = (
+    _b.c.id,
+    _ex.c.name.label("exchange"),
+    _q.c.name.label("queue"),
+    _b.c.routing_key,
+    _b.c.arguments,
+)
+_BINDING_FROM = _b.join(_ex, _ex.c.id == _b.c.exchange_id).join(_q, _q.c.id == _b.c.queue_id)
+
+
+def _binding(row: Any) -> Binding:
+    return Binding(
+        id=row.id,
+        exchange=row.exchange,
+        queue=row.queue,
+        routing_key=row.routing_key,
+        arguments=row.arguments,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BindingEnds:
+    """The locked exchange and queue of a binding about to be created."""
+
+    exchange_id: int
+    exchange_type: ExchangeType
+    queue_id: int
+
+
+async def lock_binding_ends(conn: AsyncConnection, exchange: str, queue: str) -> BindingEnds:
+    """Lock the queue, then the exchange, FOR KEY SHARE (the locks the binding's foreign keys
+    would take, in the one lock order). Raises NotFound (the exchange is reported first)."""
+    queue_id = await find_queue_id(conn, queue, lock="key_share")
+    stmt = select(_ex.c.id, _ex.c.type).where(_ex.c.name == exchange)
+    row = (await conn.execute(_locked(stmt, "key_share"))).first()
+    if row is None:
+        raise NotFound(f"exchange '{exchange}' not found")
+    if queue_id is None:
+        raise NotFound(f"queue '{queue}' not found")
+    return BindingEnds(row.id, ExchangeType(row.type), queue_id)
+
+
+async def create_binding(
+    conn: AsyncConnection,
+    ends: BindingEnds,
+    *,
+    routing_key: str,
+    arguments: dict[str, Any],
+) -> tuple[int, bool]:
+    """Insert the binding unless an identical one exists: its id, and whether it is new.
+
+    ON CONFLICT DO NOTHING on (exchange, queue, key, arguments) makes concurrent identical
+    creates idempotent; the follow-up SELECT sees the winner (new statement, new snapshot).
+    """
+    insert = (
+        pg_insert(_b)
+        .values(
+            exchange_id=ends.exchange_id,
+            queue_id=ends.queue_id,
+            routing_key=routing_key,
+            arguments=arguments,
+        )
+        .on_conflict_do_nothing(constraint="uq_bindings_exchange_id_queue_id_routing_key_arguments")
+        .returning(_b.c.id)
+    )
+    existing = select(_b.c.id).where(
+        _b.c.exchange_id == ends.exchange_id,
+        _b.c.queue_id == ends.queue_id,
+        _b.c.routing_key == routing_key,
+        _b.c.arguments == _json(arguments),
+    )
+    for _ in range(_DECLARE_ATTEMPTS):
+        try:
+            new_id = (await conn.execute(insert)).scalar()
+        except DBAPIError as exc:
+            # The unique index holds key and arguments; PostgreSQL caps an index row's size.
+            if _sqlstate(exc) == _PROGRAM_LIMIT_EXCEEDED:
+                raise ValidationFailed(
+                    "the binding's arguments are too large",
+                    errors=[
+                        {
+                            "loc": ["body", "arguments"],
+                            "msg": "too large: keep routing key and arguments under 2 kB",
+                            "type": "value_error",
+                        }
+                    ],
+                ) from None
+            raise
+        if new_id is not None:
+            return int(new_id), True
+        old_id = (await conn.execute(existing)).scalar()
+        if old_id is not None:
+            return int(old_id), False
+        # The identical binding was deleted between our two statements: try again.
+    raise PreconditionFailed("the binding is being created and deleted concurrently")
+
+
+async def get_binding(conn: AsyncConnection, binding_id: int) -> Binding | None:
+    stmt = select(*_BINDING_COLUMNS).select_from(_BINDING_FROM).where(_b.c.id == binding_id)
+    row = (await conn.execute(stmt)).first()
+    return _binding(row) if row is not None else None
+
+
+async def list_bindings(
+    conn: AsyncConnection,
+    *,
+    after: int | None,
+    limit: int,
+    exchange: str | None = None,
+    queue: str | None = None,
+) -> list[Binding]:
+    """Up to ``limit`` bindings with an id above ``after``, by id; optionally filtered."""
+    stmt = select(*_BINDING_COLUMNS).select_from(_BINDING_FROM).order_by(_b.c.id).limit(limit)
+    if after is not None:
+        stmt = stmt.where(_b.c.id > after)
+    if exchange is not None:
+        stmt = stmt.where(_ex.c.name == exchange)
+    if queue is not None:
+        stmt = stmt.where(_q.c.name == queue)
+    return [_binding(row) for row in await conn.execute(stmt)]
+
+
+async def delete_binding(conn: AsyncConnection, binding_id: int) -> tuple[bool, list[str]]:
+    """Delete a binding; then its exchange too if that is auto-delete and this was its last
+    binding. Returns (deleted, names of the exchanges deleted with it).
+
+    An auto-delete exchange is locked FOR UPDATE before the binding row is touched (exchange
+    → binding, the one lock order), so two concurrent deletes of its last two bindings cannot
+    both miss that the exchange became unused, and a concurrent bind either commits first
+    (the exchange stays) or finds the exchange gone (404).
+    """
+    row = (
+        await conn.execute(
+            select(_b.c.exchange_id, _ex.c.auto_delete)
+            .select_from(_b.join(_ex, _ex.c.id == _b.c.exchange_id))
+            .where(_b.c.id == binding_id)
+        )
+    ).first()
+    if row is None:
+        return False, []
+    exchange_id, auto_delete = row.exchange_id, row.auto_delete
+    if auto_delete:  # immutable, so reading it before the lock is fine
+        await conn.execute(select(_ex.c.id).where(_ex.c.id == exchange_id).with_for_update())
+    deleted = (
+        await conn.execute(delete(_b).where(_b.c.id == binding_id).returning(_b.c.id))
+    ).scalar()
+    if deleted is None:
+        return False, []
+    if not auto_delete:
+        return True, []
+    return True, await _delete_unused_auto_delete_exchanges(conn, [exchange_id])
