@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     db_pool_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_statement_timeout_ms: Annotated[int, Field(ge=0)] = 30_000
     migrate_on_start: bool = True
+    #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);
+    #: stored hashes with other parameters are re-hashed at the next successful login.
+    argon2_time_cost: Annotated[int, Field(ge=1, le=20)] = 3
+    argon2_memory_kib: Annotated[int, Field(ge=1024, le=4 * 1024 * 1024)] = 65536
+    argon2_parallelism: Annotated[int, Field(ge=1, le=64)] = 4
     #: verified Basic credentials are cached this long (contract: at most 5 s)
     auth_cache_seconds: Annotated[float, Field(ge=0, le=5)] = 5.0
 
@@ -68,6 +73,11 @@ class Settings(BaseSettings):
         if value.lower() not in ("critical", "error", "warning", "info", "debug"):
             raise ValueError("must be one of critical, error, warning, info, debug")
         return value.lower()
+
+    @property
+    def ws_max_frame_bytes(self) -> int:
+        """Largest inbound WebSocket frame: a maximal message as base64 plus its envelope."""
+        return self.max_message_bytes * 4 // 3 + 64 * 1024
 
     @property
     def async_database_url(self) -> str | None:

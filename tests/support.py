@@ -187,6 +187,10 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
         "log_format": "text",
         "db_pool_size": 5,
         "db_max_overflow": 5,
+        # Cheap hashes keep the suite fast; production parameters are tested in test_accounts.
+        "argon2_time_cost": 1,
+        "argon2_memory_kib": 1024,
+        "argon2_parallelism": 1,
     }
     values.update(overrides)
     return load_settings(**values)
@@ -203,7 +207,7 @@ def start_server(settings: Settings) -> LiveServer:
         log_level="warning",
         access_log=False,
         ws="websockets-sansio",
-        ws_max_size=settings.max_request_bytes,
+        ws_max_size=settings.ws_max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
