@@ -176,3 +176,22 @@ class StoredMessage:
     created_at: datetime
     available_at: datetime
     delivery_tag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A claimed message on its way to a consumer."""
+
+    slot: int  # which of the claim's owners it went to (0-based)
+    id: int
+    queue_id: int
+    message_id: str
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: bytes
+    binary: bool
+    delivery_count: int
+    created_at: datetime
+    delivery_tag: str

@@ -1,7 +1,90 @@
-"""REST: publish."""
+"""REST: publish to an exchange (one message or a batch) or straight to a queue (§5, §7).
+
+A 200 is a publisher confirm: the rows are committed.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, status
+
+from app.api.deps import ServicesDep, UserDep
+from app.api.problems import problem_responses
+from app.api.schemas.messages import (
+    PathName,
+    PublishBatch,
+    PublishBatchResponse,
+    PublishBody,
+    PublishResponse,
+)
+from app.domain.model import PublishResult
 
 router = APIRouter(tags=["publish"])
+
+_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 503)
+
+
+def _result(result: PublishResult) -> PublishResponse:
+    return PublishResponse(routed=result.routed, queues=result.queues, message_id=result.message_id)
+
+
+@router.post(
+    "/exchanges/{name}/publish",
+    name="publish_message",
+    summary="Publish a message to an exchange",
+    description=(
+        "Routes the message and stores one copy per matched queue, in one transaction; a "
+        "200 means the copies are committed. No match: 200 with `routed: false`, or 422 "
+        "`unroutable` (nothing stored) when `mandatory` is true. A body over the size limit "
+        "is 413 `message_too_large` (nothing stored)."
+    ),
+    response_model=PublishResponse,
+    status_code=status.HTTP_200_OK,
+    responses=_ERRORS,
+)
+async def publish_message(
+    name: PathName, message: PublishBody, services: ServicesDep, user: UserDep
+) -> PublishResponse:
+    results = await services.publisher.publish(user, name, [message.to_outgoing()])
+    return _result(results[0])
+
+
+@router.post(
+    "/exchanges/{name}/publish-batch",
+    name="publish_batch",
+    summary="Publish 1 to 1000 messages to an exchange in one transaction",
+    description=(
+        "All messages are stored, or none: one invalid item (422, its `errors` pointing at "
+        "`messages` and the item's index), one oversize body (413) or one unroutable "
+        "mandatory message (422 `unroutable`) rejects the whole batch. Results are in order."
+    ),
+    response_model=PublishBatchResponse,
+    status_code=status.HTTP_200_OK,
+    responses=_ERRORS,
+)
+async def publish_batch(
+    name: PathName, batch: PublishBatch, services: ServicesDep, user: UserDep
+) -> PublishBatchResponse:
+    results = await services.publisher.publish(
+        user, name, [m.to_outgoing() for m in batch.messages]
+    )
+    return PublishBatchResponse(results=[_result(r) for r in results])
+
+
+@router.post(
+    "/queues/{name}/messages",
+    name="publish_to_queue",
+    summary="Publish a message straight into a queue (the default exchange)",
+    description=(
+        "Same body as an exchange publish; no routing: the message is stored in this queue "
+        'with exchange `""` and routing key equal to the queue\'s name (a `routing_key` in '
+        "the body is ignored). Needs write permission on the queue; 404 when it is missing."
+    ),
+    response_model=PublishResponse,
+    status_code=status.HTTP_200_OK,
+    responses=_ERRORS,
+)
+async def publish_to_queue(
+    name: PathName, message: PublishBody, services: ServicesDep, user: UserDep
+) -> PublishResponse:
+    results = await services.publisher.publish_to_queue(user, name, [message.to_outgoing()])
+    return _result(results[0])

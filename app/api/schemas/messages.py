@@ -1,0 +1,210 @@
+"""Publish bodies and stored-message views (contract §1, §5, §7).
+
+``PublishBody`` is the one publish model: exchange publish, each batch item, direct-to-queue
+publish and the WebSocket ``PUBLISH`` frame all use it (a frame model may subclass it).
+Validation encodes the body once (``app.api.codec``) and keeps the bytes, so a publish
+serializes or decodes its payload exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from app.api import codec
+from app.api.schemas.common import StrictModel
+from app.domain.model import MAX_DELAY_MS, NAME_PATTERN, BrowseStatus, OutgoingMessage
+
+MAX_BATCH = 1000
+
+#: An exchange or queue name in a URL path (an invalid one is 422).
+PathName = Annotated[
+    str,
+    Path(
+        pattern=NAME_PATTERN,
+        min_length=1,
+        max_length=255,
+        description="1-255 characters from A-Z a-z 0-9 _ . : -, first one alphanumeric",
+    ),
+]
+#: A stored message's numeric id (a bigint).
+MessageIdPath = Annotated[
+    int, Path(ge=1, le=2**63 - 1, description="The message copy's numeric `id`")
+]
+
+
+def _storable_text(value: str) -> str:
+    """PostgreSQL ``text`` holds neither NUL nor (being UTF-8) an unpaired surrogate."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (\\u0000) characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must not contain an unpaired UTF-16 surrogate") from None
+    return value
+
+
+#: A string stored in a ``text`` column (routing keys, property values).
+StorableText = Annotated[str, AfterValidator(_storable_text)]
+
+
+class MessageProperties(StrictModel):
+    """AMQP-style basic properties; unknown keys are refused."""
+
+    message_id: Annotated[
+        Annotated[str, StringConstraints(min_length=1), AfterValidator(_storable_text)] | None,
+        Field(description="Publisher-chosen id shared by every copy; a UUID is made when absent"),
+    ] = None
+    correlation_id: StorableText | None = None
+    reply_to: StorableText | None = None
+    content_type: StorableText | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        """The properties that were given a value (``null`` means not given)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class PublishBody(StrictModel):
+    """One message to publish. Exactly one of ``body`` and ``body_base64`` must be present."""
+
+    routing_key: StorableText = ""
+    body: Annotated[
+        Any,
+        Field(
+            description=(
+                "Any JSON value, null included; stored as its JSON serialization. "
+                "Exclusive with body_base64."
+            )
+        ),
+    ] = None
+    body_base64: Annotated[
+        str | None,  # None: not sent (an explicit null is refused by _encode)
+        WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+        Field(
+            description=(
+                "Binary payload, base64 (RFC 4648, standard alphabet, padded); delivered "
+                "as body_base64. Exclusive with body."
+            ),
+        ),
+    ] = None
+    headers: Annotated[
+        dict[str, Any], Field(description="JSON object; a headers exchange routes on it")
+    ] = Field(default_factory=dict)
+    properties: MessageProperties = Field(default_factory=MessageProperties)
+    delay_ms: Annotated[
+        StrictInt,
+        Field(
+            ge=0,
+            le=MAX_DELAY_MS,
+            description="Make the copies available only after this many ms (database clock)",
+        ),
+    ] = 0
+    mandatory: Annotated[
+        StrictBool, Field(description="Refuse (422 unroutable) when no queue matches")
+    ] = False
+
+    _payload: bytes = PrivateAttr(default=b"")
+    _binary: bool = PrivateAttr(default=False)
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        codec.check_json_object(value)
+        return value
+
+    @model_validator(mode="after")
+    def _encode(self) -> PublishBody:
+        given = self.model_fields_set
+        try:
+            self._payload, self._binary = codec.encode_body(
+                body=self.body if "body" in given else codec.ABSENT,
+                body_base64=self.body_base64 if "body_base64" in given else codec.ABSENT,
+            )
+        except codec.BodyError as exc:
+            # Raised as a field error so that its loc names the key ("body_base64"), under
+            # the batch item's index when this is one item of a batch.
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "body_invalid", "{reason}", {"reason": exc.message}
+                        ),
+                        loc=(exc.field,),
+                        input=None,
+                    )
+                ],
+            ) from None
+        return self
+
+    def to_outgoing(self) -> OutgoingMessage:
+        """The domain message (body already encoded) for ``Publisher``."""
+        properties = self.properties.as_dict()
+        return OutgoingMessage(
+            body=self._payload,
+            binary=self._binary,
+            routing_key=self.routing_key,
+            headers=self.headers,
+            properties=properties,
+            delay_ms=self.delay_ms,
+            mandatory=self.mandatory,
+            message_id=properties.get("message_id", ""),
+        )
+
+
+class PublishBatch(StrictModel):
+    """1 to 1000 messages published in one transaction: all stored, or none."""
+
+    messages: Annotated[list[PublishBody], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class PublishResponse(BaseModel):
+    routed: bool = Field(description="At least one queue received a copy")
+    queues: list[str] = Field(description="The queues that received a copy, each once")
+    message_id: str
+
+
+class PublishBatchResponse(BaseModel):
+    results: list[PublishResponse] = Field(description="One result per message, in order")
+
+
+class StoredMessageView(BaseModel):
+    """A stored message as browse shows it. Exactly one of body and body_base64 is present."""
+
+    id: int = Field(description="This copy's numeric id (the keyset cursor)")
+    message_id: str
+    status: BrowseStatus
+    routing_key: str
+    exchange: str = Field(description='"" for a message published straight to the queue')
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: Any = Field(default=None, description="Present unless the message is binary")
+    body_base64: str | None = Field(
+        default=None, description="Present for messages published with body_base64"
+    )
+    delivery_count: int
+    created_at: str = Field(description="RFC 3339, UTC")
+    available_at: str = Field(description="RFC 3339, UTC")
+
+
+class StoredMessagePage(BaseModel):
+    items: list[StoredMessageView]
+    next_after: int | None = Field(
+        default=None, description="Cursor for the next page (`?after=`); null on the last page"
+    )

@@ -1,0 +1,319 @@
+"""Publish (route lookup, insert of routed copies) and browse/read/delete of stored messages.
+
+Claim, ack and release live in ``storage.deliveries``. Every statement here is constant SQL
+text built once at import, so asyncpg's prepared-statement cache hits on every call; each
+carries a comment on its concurrency reasoning. Callers own the transactions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import CursorResult, TextClause, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
+from app.domain.routing import BindingRule
+from app.errors import NotFound
+from app.storage.database import constraint_of
+
+_FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"
+
+
+class QueueDeleted(NotFound):
+    """A queue the message was routed to was deleted while publishing; nothing was stored."""
+
+
+async def _run(
+    conn: AsyncConnection, statement: TextClause, params: Mapping[str, Any]
+) -> CursorResult[*tuple[Any, ...]]:
+    """Execute one statement; a publish racing a queue deletion becomes QueueDeleted.
+    Every other driver error is mapped by ``storage.database.guard`` (503 or 500)."""
+    try:
+        return await conn.execute(statement, params)
+    except sa_exc.IntegrityError as exc:
+        if constraint_of(exc) == _FK_MESSAGES_QUEUE:
+            raise QueueDeleted() from None
+        raise
+
+
+# ----------------------------------------------------------------------------- publish
+
+# The exchange and every binding of it, with the bound queue's id and name, in ONE round
+# trip (LEFT JOIN: an exchange without bindings still yields its row; no row at all means
+# no such exchange). Plain snapshot read, no row locks: a publish must never serialize on
+# the exchange row (KEY SHARE locks from concurrent publishers would pile up multixacts).
+# A binding or queue created concurrently is simply not seen (the publish is ordered
+# before it); a queue deleted between this read and the insert makes the insert's foreign
+# key check fail, and the publisher retries with a fresh read (see QueueDeleted).
+# Ordered by binding id so that routing, and so the "queues" list, is deterministic.
+LOAD_ROUTES = text("""
+SELECT e.type, q.id, q.name, b.routing_key, b.arguments
+FROM exchanges AS e
+LEFT JOIN (bindings AS b JOIN queues AS q ON q.id = b.queue_id) ON b.exchange_id = e.id
+WHERE e.name = :name
+ORDER BY b.id
+""")
+
+# Direct-to-queue publish: the queue's id, if it exists. Same reasoning as LOAD_ROUTES.
+FIND_QUEUE = text("SELECT id FROM queues WHERE name = :name")
+
+# Every copy of every message of one publish call in ONE statement. Each message's columns
+# travel once (arrays indexed by message), and :copy_msg/:copy_queue list the copies as
+# (1-based message index, queue id) pairs; the join fans them out. A large body routed to
+# many queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids
+# follow batch order within each queue (ids come from the sequence as rows are inserted,
+# above the sorted subquery), so consumers see a batch in publish order. available_at uses
+# the database clock. The foreign key check takes KEY SHARE on each target queue row, so a
+# concurrent queue delete either waits for this commit (and then deletes the copies with
+# the queue) or has already won (FK violation: QueueDeleted, nothing stored).
+INSERT_COPIES = text("""
+INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
+                      body, "binary", available_at)
+SELECT c.queue_id, m.message_id, CAST(:exchange AS text), m.routing_key, m.headers::jsonb,
+       m.properties::jsonb, m.body, m.is_binary,
+       now() + m.delay_ms * interval '1 millisecond'
+FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
+         WITH ORDINALITY AS c(msg, queue_id, ord)
+JOIN unnest(CAST(:message_id AS text[]), CAST(:routing_key AS text[]),
+            CAST(:headers AS text[]), CAST(:properties AS text[]), CAST(:body AS bytea[]),
+            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
+         WITH ORDINALITY AS m(message_id, routing_key, headers, properties, body, is_binary,
+                              delay_ms, ord)
+    ON m.ord = c.msg
+ORDER BY c.ord
+""")
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRoutes:
+    """What routing needs about an exchange: its type, its bindings, its queues' ids."""
+
+    type: ExchangeType
+    bindings: list[BindingRule]
+    queue_ids: dict[str, int]
+
+
+async def load_exchange_routes(conn: AsyncConnection, name: str) -> ExchangeRoutes | None:
+    """The exchange's type and bindings, or None when there is no such exchange."""
+    rows = (await _run(conn, LOAD_ROUTES, {"name": name})).all()
+    if not rows:
+        return None
+    bindings: list[BindingRule] = []
+    queue_ids: dict[str, int] = {}
+    for _type, queue_id, queue_name, routing_key, arguments in rows:
+        if queue_id is None:  # the exchange has no bindings
+            continue
+        bindings.append(BindingRule(queue_name, routing_key, arguments))
+        queue_ids[queue_name] = queue_id
+    return ExchangeRoutes(ExchangeType(rows[0][0]), bindings, queue_ids)
+
+
+async def find_queue_id(conn: AsyncConnection, name: str) -> int | None:
+    queue_id: int | None = (await _run(conn, FIND_QUEUE, {"name": name})).scalar()
+    return queue_id
+
+
+def _json_text(value: Any) -> str:
+    """JSON text for a jsonb column; integers beyond 64 bits go through the stdlib."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+async def insert_messages(
+    conn: AsyncConnection,
+    *,
+    exchange: str,
+    messages: Sequence[OutgoingMessage],
+    copies: Sequence[tuple[int, int]],
+) -> None:
+    """Insert one row per ``(message index, queue id)`` in ``copies``, in that order.
+
+    ``messages`` carry their final ``message_id`` and ``properties``. Raises QueueDeleted
+    when a target queue no longer exists (the caller's transaction is then unusable).
+    """
+    if not copies:
+        return
+    params = {
+        "exchange": exchange,
+        "copy_msg": [index + 1 for index, _ in copies],
+        "copy_queue": [queue_id for _, queue_id in copies],
+        "message_id": [m.message_id for m in messages],
+        "routing_key": [m.routing_key for m in messages],
+        "headers": [_json_text(m.headers) if m.headers else "{}" for m in messages],
+        "properties": [_json_text(m.properties) for m in messages],
+        "body": [m.body for m in messages],
+        "is_binary": [m.binary for m in messages],
+        "delay_ms": [m.delay_ms for m in messages],
+    }
+    await _run(conn, INSERT_COPIES, params)
+
+
+# ----------------------------------------------------------------------------- browse
+
+_COLUMNS = """m.id, m.message_id,
+       CASE WHEN m.status = 'ready' AND m.available_at > now() THEN 'delayed'
+            ELSE m.status END AS browse_status,
+       m.exchange, m.routing_key, m.headers, m.properties, m.body, m."binary",
+       m.delivery_count, m.created_at, m.available_at, m.delivery_tag"""
+
+_STATUS_FILTERS: dict[BrowseStatus | None, str] = {
+    None: "true",
+    BrowseStatus.READY: "m.status = 'ready' AND m.available_at <= now()",
+    BrowseStatus.DELAYED: "m.status = 'ready' AND m.available_at > now()",
+    BrowseStatus.IN_FLIGHT: "m.status = 'in_flight'",
+    BrowseStatus.DEAD: "m.status = 'dead'",
+}
+
+# One page of a queue's messages by id (keyset), optionally of one status, in ONE round
+# trip: zero rows means no such queue; one row of NULLs, an empty page. A plain snapshot
+# read through ix_messages_queue (queue_id, id): it takes no row locks, so browsing never
+# blocks or is blocked by claims (SKIP LOCKED), acks or publishes, and it may show a message
+# that is claimed or acked a moment later. "delayed" is derived with the database clock.
+# One constant statement per status filter (five in all), so each keeps its cached plan.
+BROWSE = {
+    status: text(f"""
+SELECT q.id, p.*
+FROM queues AS q
+LEFT JOIN LATERAL (
+    SELECT {_COLUMNS}
+    FROM messages AS m
+    WHERE m.queue_id = q.id AND m.id > :after AND {condition}
+    ORDER BY m.id
+    LIMIT :limit
+) AS p ON true
+WHERE q.name = :queue
+ORDER BY p.id
+""")
+    for status, condition in _STATUS_FILTERS.items()
+}
+
+# One message of a named queue, whatever its status: zero rows, no such queue; a row of
+# NULLs, no such message in it. Snapshot read, no locks (as BROWSE).
+GET_ONE = text(f"""
+SELECT q.id, {_COLUMNS}
+FROM queues AS q
+LEFT JOIN messages AS m ON m.queue_id = q.id AND m.id = :id
+WHERE q.name = :queue
+""")
+
+# Delete one message of a named queue whatever its status, in ONE statement. The DELETE
+# locks the row: if a claim or an ack holds it, we wait for that transaction and then
+# re-check (READ COMMITTED): already acked → nothing deleted (404); claimed → the in-flight
+# row is deleted and a later ack of its tag finds nothing (unknown_delivery_tag). RETURNING
+# tells who owned an in-flight copy, so its consumer's prefetch slot can be freed.
+DELETE_ONE = text("""
+WITH q AS (SELECT id FROM queues WHERE name = :queue),
+gone AS (
+    DELETE FROM messages AS m USING q
+    WHERE m.id = :id AND m.queue_id = q.id
+    RETURNING m.status, m.delivery_tag, m.owner_process, m.owner_connection
+)
+SELECT q.id, gone.status, gone.delivery_tag, gone.owner_process, gone.owner_connection
+FROM q LEFT JOIN gone ON true
+""")
+
+
+def _stored(queue: str, row: Sequence[Any]) -> StoredMessage:
+    (
+        id_,
+        message_id,
+        status,
+        exchange,
+        routing_key,
+        headers,
+        properties,
+        body,
+        binary,
+        delivery_count,
+        created_at,
+        available_at,
+        delivery_tag,
+    ) = row
+    return StoredMessage(
+        id=id_,
+        queue=queue,
+        message_id=message_id,
+        status=BrowseStatus(status),
+        exchange=exchange,
+        routing_key=routing_key,
+        headers=headers,
+        properties=properties,
+        body=bytes(body),
+        binary=binary,
+        delivery_count=delivery_count,
+        created_at=created_at,
+        available_at=available_at,
+        delivery_tag=delivery_tag,
+    )
+
+
+def _queue_not_found(queue: str) -> NotFound:
+    return NotFound(f"queue '{queue}' not found")
+
+
+def _message_not_found(queue: str, id_: int) -> NotFound:
+    return NotFound(f"message {id_} not found in queue '{queue}'")
+
+
+async def browse(
+    conn: AsyncConnection,
+    queue: str,
+    *,
+    status: BrowseStatus | None,
+    limit: int,
+    after: int,
+) -> list[StoredMessage]:
+    """Up to ``limit`` messages with id > ``after`` in id order; NotFound for no such queue."""
+    rows = (
+        await _run(conn, BROWSE[status], {"queue": queue, "after": after, "limit": limit})
+    ).all()
+    if not rows:
+        raise _queue_not_found(queue)
+    return [_stored(queue, row[1:]) for row in rows if row[1] is not None]
+
+
+async def get_message(conn: AsyncConnection, queue: str, id_: int) -> StoredMessage:
+    """One message of ``queue``, whatever its status; NotFound for a missing queue or id."""
+    row = (await _run(conn, GET_ONE, {"queue": queue, "id": id_})).first()
+    if row is None:
+        raise _queue_not_found(queue)
+    if row[1] is None:
+        raise _message_not_found(queue, id_)
+    return _stored(queue, row[1:])
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedMessage:
+    """What was deleted: the owner of an in-flight copy needs its prefetch slot back."""
+
+    queue_id: int
+    status: str
+    delivery_tag: str | None
+    owner_process: str | None
+    owner_connection: str | None
+
+
+async def delete_message(conn: AsyncConnection, queue: str, id_: int) -> DeletedMessage:
+    """Delete one message of ``queue``, whatever its status; NotFound for a missing queue
+    or id."""
+    row = (await _run(conn, DELETE_ONE, {"queue": queue, "id": id_})).first()
+    if row is None:
+        raise _queue_not_found(queue)
+    queue_id, status, delivery_tag, owner_process, owner_connection = row
+    if status is None:
+        raise _message_not_found(queue, id_)
+    return DeletedMessage(
+        queue_id=queue_id,
+        status=status,
+        delivery_tag=delivery_tag,
+        owner_process=None if owner_process is None else str(owner_process),
+        owner_connection=None if owner_connection is None else str(owner_connection),
+    )
