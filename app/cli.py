@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +29,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     app = create_app(settings)
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
+    # uvicorn re-raises SIGTERM after its graceful shutdown: make that a clean exit (0).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(
         app,
         host=host,
@@ -37,7 +40,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         loop="auto",
         http="auto",
         ws="websockets-sansio",
-        ws_max_size=settings.max_request_bytes,
+        ws_max_size=settings.ws_max_frame_bytes,
         timeout_graceful_shutdown=10,
     )
     return 0

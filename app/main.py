@@ -8,7 +8,19 @@ from fastapi.routing import APIRoute
 from app import __version__
 from app.api import problems
 from app.api.limits import BodyLimitMiddleware
-from app.api.rest import auth, bindings, exchanges, messages, ops, publish, queues, users
+from app.api.observability import HttpMetricsMiddleware
+from app.api.rest import (
+    auth,
+    bindings,
+    consume,
+    exchanges,
+    messages,
+    ops,
+    publish,
+    queues,
+    users,
+)
+from app.api.ws import endpoint as ws_endpoint
 from app.config import Settings, load_settings
 from app.lifespan import lifespan
 
@@ -22,6 +34,7 @@ TAGS = [
     {"name": "bindings", "description": "Bind queues to exchanges"},
     {"name": "publish", "description": "Publish messages (publisher confirms: 200 = committed)"},
     {"name": "messages", "description": "Browse, read and delete stored messages"},
+    {"name": "consume", "description": "Pull consumption: get, ack and nack over HTTP"},
     {"name": "operations", "description": "Health, readiness, metrics, overview"},
 ]
 
@@ -43,9 +56,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     problems.install(app)
-    for module in (auth, users, exchanges, queues, bindings, publish, messages):
+    for module in (auth, users, exchanges, queues, bindings, publish, messages, consume):
         app.include_router(module.router, prefix=API_PREFIX)
+    app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)
     app.include_router(ops.api_router, prefix=API_PREFIX)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
     return app

@@ -39,18 +39,26 @@ class BodyLimitMiddleware:
             return
         received = 0
         response_started = False
+        refused = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, refused
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    # Answer 413 now: FastAPI turns any error raised while it reads the body
+                    # into its own 400, which tracking_send then drops.
+                    if not response_started and not refused:
+                        refused = True
+                        await self._refuse(scope, receive, send, drain=False)
                     raise BodyTooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal response_started
+            if refused:
+                return
             if message["type"] == "http.response.start":
                 response_started = True
             await send(message)
@@ -58,7 +66,7 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
-            if not response_started:
+            if not response_started and not refused:
                 await self._refuse(scope, receive, send, drain=False)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, drain: bool = True) -> None:

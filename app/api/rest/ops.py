@@ -2,12 +2,118 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from app.api.deps import ServicesDep, UserDep
+from app.api.problems import problem_responses
+from app.broker.overview import Overview
 
 router = APIRouter(tags=["operations"])
 api_router = APIRouter(tags=["operations"])
 
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
-@router.get("/healthz", operation_id="healthz", summary="The process is alive")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+
+class HealthOut(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready"] = "ready"
+
+
+class MessageCountsOut(BaseModel):
+    ready: int
+    delayed: int
+    in_flight: int
+    dead: int
+
+
+class OverviewOut(BaseModel):
+    version: str
+    queues: int
+    exchanges: int
+    messages: MessageCountsOut
+    connections: int
+    subscriptions: int
+
+    @classmethod
+    def of(cls, o: Overview) -> OverviewOut:
+        m = o.messages
+        return cls(
+            version=o.version,
+            queues=o.queues,
+            exchanges=o.exchanges,
+            messages=MessageCountsOut(
+                ready=m.ready, delayed=m.delayed, in_flight=m.in_flight, dead=m.dead
+            ),
+            connections=o.connections,
+            subscriptions=o.subscriptions,
+        )
+
+
+@router.get(
+    "/healthz",
+    name="healthz",
+    summary="The process is alive",
+    description="Answers without touching the database: use it as a liveness probe.",
+    response_model=HealthOut,
+    status_code=200,
+)
+async def healthz() -> HealthOut:
+    return HealthOut()
+
+
+@router.get(
+    "/readyz",
+    name="readyz",
+    summary="The broker can serve requests",
+    description=(
+        "200 when the database answers and its schema is at the latest migration; "
+        "otherwise 503 `unavailable`, within a couple of seconds. Use it as a readiness probe."
+    ),
+    response_model=ReadyOut,
+    status_code=200,
+    responses=problem_responses(503),
+)
+async def readyz(services: ServicesDep) -> ReadyOut:
+    await services.ops.check_ready()
+    return ReadyOut()
+
+
+@router.get(
+    "/metrics",
+    name="metrics",
+    summary="Prometheus metrics",
+    description="The broker process's metrics in the Prometheus text exposition format.",
+    response_class=Response,
+    status_code=200,
+    responses={
+        200: {
+            "description": "Prometheus text format 0.0.4",
+            "content": {PROMETHEUS_TEXT: {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def metrics(services: ServicesDep) -> Response:
+    return Response(services.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+
+@api_router.get(
+    "/overview",
+    name="get_overview",
+    summary="Broker-wide counts (admin)",
+    description=(
+        "Queues, exchanges (built-ins included), messages by status, and the WebSocket "
+        "connections and subscriptions of every live broker process."
+    ),
+    response_model=OverviewOut,
+    status_code=200,
+    responses=problem_responses(401, 403, 503),
+)
+async def get_overview(services: ServicesDep, user: UserDep) -> OverviewOut:
+    return OverviewOut.of(await services.ops.overview(user))

@@ -1,0 +1,193 @@
+"""``messagex serve`` and ``messagex migrate`` as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from app.storage import migrations
+from tests.support import asyncpg_dsn, free_port, wait_for
+
+MESSAGEX = Path(sys.executable).with_name("messagex")
+READY_DEADLINE = 90.0
+
+
+def _base_env(**extra: str) -> dict[str, str]:
+    """The machine's environment minus every broker setting, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MESSAGEX_") and k not in {"DATABASE_URL", "ACK_TIMEOUT_SECONDS"}
+    }
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    seconds_to_ready: float
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_DEADLINE
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"messagex serve exited with {proc.returncode}:\n{log.read_text()}"
+            )
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"/readyz not 200 within {READY_DEADLINE} s:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def serve(data_dir: Path, log: Path) -> Iterator[Served]:
+    port = free_port()
+    env = _base_env(
+        MESSAGEX_DATA_DIR=str(data_dir),
+        MESSAGEX_PORT=str(port),
+        MESSAGEX_ADMIN_USER="cli-admin",
+        MESSAGEX_ADMIN_PASSWORD="cli-admin-password",
+        MESSAGEX_LOG_FORMAT="json",
+    )
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(MESSAGEX), "serve"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}/readyz", log)
+        yield Served(proc, port, log, time.monotonic() - started)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _postmaster_pid(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _stop(served: Served) -> int:
+    served.proc.send_signal(signal.SIGTERM)
+    return served.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A data directory outside pytest's tmp root: a pytest session starting elsewhere on the
+    machine makes that root private again (0700), which would lock out the embedded server's
+    system user when the tests run as root."""
+    root = Path(tempfile.mkdtemp(prefix="messagex-cli-"))
+    try:
+        yield root / "data"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    pgdata = data_dir / "pgdata"
+    timings = {}
+    for run in ("cold", "warm"):
+        log = tmp_path / f"serve-{run}.log"
+        with serve(data_dir, log) as served:
+            timings[run] = served.seconds_to_ready
+            r = httpx.get(
+                f"{served.base_url}/api/v1/overview", auth=("cli-admin", "cli-admin-password")
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["exchanges"] == 4
+            pid = _postmaster_pid(pgdata)
+            assert _alive(pid)
+            assert _stop(served) == 0, log.read_text()
+        text = log.read_text()
+        assert "embedded PostgreSQL" in text
+        assert str(pgdata) in text  # the log says where the data lives
+        assert "Traceback" not in text
+        # The embedded server went away with the broker.
+        assert not (pgdata / "postmaster.pid").exists()
+        wait_for(lambda p=pid: not _alive(p), timeout=10, message="embedded postgres to exit")
+    print(
+        f"\nmessagex serve -> /readyz 200: cold {timings['cold']:.2f} s, "
+        f"warm {timings['warm']:.2f} s"
+    )
+
+
+def test_migrate_command_brings_a_database_to_head(empty_database_url: str) -> None:
+    result = subprocess.run(
+        [str(MESSAGEX), "migrate"],
+        env=_base_env(DATABASE_URL=empty_database_url, MESSAGEX_LOG_FORMAT="text"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    async def revision_and_exchanges() -> tuple[str, int]:
+        conn = await asyncpg.connect(asyncpg_dsn(empty_database_url))
+        try:
+            revision = await conn.fetchval("SELECT version_num FROM alembic_version")
+            count = await conn.fetchval("SELECT count(*) FROM exchanges")
+        finally:
+            await conn.close()
+        return revision, count
+
+    revision, count = asyncio.run(revision_and_exchanges())
+    assert revision == migrations.head_revision()
+    assert count == 4
+    # The password, if any, never reaches the log; the target does.
+    assert "migrating" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["migrate", "--help"]])
+def test_help_exits_zero(argv: list[str]) -> None:
+    result = subprocess.run(
+        [str(MESSAGEX), *argv],
+        env=_base_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: messagex" in result.stdout
