@@ -92,12 +92,25 @@ class SettingsError(Exception):
     """Settings are invalid; the message is one line fit for a log."""
 
 
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    """The environment variable a validation error is about (``port`` → ``MESSAGEX_PORT``)."""
+    if not loc:
+        return "settings"
+    name = str(loc[0])
+    field = Settings.model_fields.get(name)
+    if field is None:
+        return name  # already an alias such as DATABASE_URL
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    return f"MESSAGEX_{name.upper()}"
+
+
 def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-            for err in exc.errors()
+            f"{_env_name(err['loc'])}: {err['msg']}" for err in exc.errors(include_input=False)
         )
         raise SettingsError(f"invalid settings: {problems}") from None

@@ -43,11 +43,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         if settings.migrate_on_start:
             await migrations.upgrade(engine)
-        services = build_services(settings, db)
-        await services.auth.bootstrap()
+        services = build_services(settings, db, url)
+        await services.start()
         app.state.services = services
         log.info("messagex ready")
-        yield
+        try:
+            yield
+        finally:
+            await services.stop()
     finally:
         await db.dispose()
         if embedded is not None:

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.auth.service import AuthService
+from app.auth.service import AuthService, SessionRevoked, UserRevoked
+from app.broker.delivery import DeliveryEngine
 from app.broker.inspection import MessageBrowser
-from app.metrics import Metrics
+from app.broker.overview import OverviewService
 from app.broker.publisher import Publisher
+from app.broker.tasks import every
 from app.broker.topology import TopologyService
 from app.config import Settings
+from app.metrics import Metrics
 from app.storage.database import Database
+
+#: expired sessions are deleted (and their sockets closed) this often
+SESSION_SWEEP_SECONDS = 60.0
 
 
 @dataclass
@@ -22,9 +28,33 @@ class Services:
     topology: TopologyService
     publisher: Publisher
     browser: MessageBrowser
+    ops: OverviewService
+    delivery: DeliveryEngine
+
+    async def start(self) -> None:
+        """Bootstrap accounts, start the delivery engine and connect the services' events."""
+        await self.auth.bootstrap()
+        self.publisher.add_published_listener(self.delivery.on_published)
+        self.topology.add_queue_deleted_listener(self.delivery.on_queue_deleted)
+        self.browser.add_deleted_listener(self.delivery.on_message_deleted)
+        self.auth.add_listener(self._on_auth_event)
+        await self.delivery.start()
+        self.delivery.tasks.spawn(
+            every(SESSION_SWEEP_SECONDS, self.auth.sweep_expired_sessions, "session-sweep"),
+            name="session-sweep",
+        )
+
+    async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
+        if isinstance(event, UserRevoked):
+            await self.delivery.on_user_changed(event.username)
+        else:
+            await self.delivery.on_session_revoked(event.token_digest)
+
+    async def stop(self) -> None:
+        await self.delivery.stop()
 
 
-def build_services(settings: Settings, db: Database) -> Services:
+def build_services(settings: Settings, db: Database, database_url: str) -> Services:
     metrics = Metrics()
     return Services(
         settings=settings,
@@ -34,4 +64,6 @@ def build_services(settings: Settings, db: Database) -> Services:
         topology=TopologyService(db),
         publisher=Publisher(db, metrics, max_message_bytes=settings.max_message_bytes),
         browser=MessageBrowser(db),
+        ops=OverviewService(db),
+        delivery=DeliveryEngine(db, settings, metrics, database_url),
     )

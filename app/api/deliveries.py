@@ -1,0 +1,27 @@
+"""How a delivery looks on the wire: MESSAGE_DELIVERED frames and pull results alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.api.codec import body_fields, rfc3339
+from app.domain.model import Delivery as Claimed
+
+
+def delivery_fields(queue: str, item: Claimed, *, raw_json: bool = False) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "queue": queue,
+        "exchange": item.exchange,
+        "routing_key": item.routing_key,
+    }
+    fields.update(body_fields(item.body, item.binary, raw_json=raw_json))
+    fields.update(
+        headers=item.headers,
+        properties=item.properties,
+        message_id=item.message_id,
+        delivery_tag=item.delivery_tag,
+        delivery_count=item.delivery_count,
+        redelivered=item.delivery_count > 1,
+        created_at=rfc3339(item.created_at),
+    )
+    return fields

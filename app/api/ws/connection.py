@@ -1,0 +1,374 @@
+"""One WebSocket connection: authentication, the frame loop, a bounded outbox and its sender.
+
+States: AUTHENTICATING → OPEN → CLOSING. The reader parses every frame with one TypeAdapter
+and never blocks on the database for an ACK/NACK (those run as tasks, so acks that arrive
+together settle together); the sender drains the outbox, so a slow socket never blocks
+dispatch to anyone else and holds no database connection while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from enum import Enum
+from functools import partial
+from typing import Any
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.api.codec import render
+from app.api.deliveries import delivery_fields
+from app.api.problems import error_frame
+from app.api.ws import frames
+from app.auth.tokens import digest as token_digest
+from app.broker.consumers import Subscription
+from app.broker.services import Services
+from app.domain.model import Delivery, User
+from app.errors import BadFrame, BrokerError, RateLimited, Unauthorized
+
+log = logging.getLogger("messagex.ws")
+
+AUTH_DEADLINE_SECONDS = 10.0
+#: a send that takes longer than this means the client stopped reading: close it
+SEND_TIMEOUT_SECONDS = 30.0
+#: more bad frames than this within the window close the connection with 1008
+BAD_FRAME_LIMIT = 50
+BAD_FRAME_WINDOW_SECONDS = 10.0
+#: stop reading new frames while this many replies wait to be sent (backpressure)
+OUTBOX_SOFT_LIMIT = 256
+#: at most this many ACK/NACK/PUBLISH tasks at once per connection
+MAX_INFLIGHT_OPS = 1024
+#: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
+OPS_GRACE_SECONDS = 5.0
+
+
+class State(Enum):
+    AUTHENTICATING = 1
+    OPEN = 2
+    CLOSING = 3
+
+
+class _Close:
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+class Outbox:
+    """FIFO of encoded frames. Deliveries are bounded by prefetch credit; replies by the
+    reader waiting for room before it reads another frame."""
+
+    def __init__(self) -> None:
+        self._items: deque[bytes | _Close] = deque()
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def push(self, item: bytes | _Close) -> None:
+        self._items.append(item)
+        self._ready.set()
+        if len(self._items) > OUTBOX_SOFT_LIMIT:
+            self._room.clear()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+    async def take(self) -> list[bytes | _Close]:
+        await self._ready.wait()
+        items = list(self._items)
+        self._items.clear()
+        self._ready.clear()
+        self._room.set()
+        return items
+
+
+def _delivered_frame(queue: str, item: Delivery, raw_json: bool) -> dict[str, Any]:
+    return {"type": "MESSAGE_DELIVERED", **delivery_fields(queue, item, raw_json=raw_json)}
+
+
+class WsConnection:
+    def __init__(
+        self, ws: WebSocket, services: Services, user: User | None, digest: bytes | None
+    ) -> None:
+        self.ws = ws
+        self.services = services
+        self.engine = services.delivery
+        self.id = str(uuid.uuid4())
+        self.user: User = user  # type: ignore[assignment]  # set before OPEN
+        self.digest = digest
+        self.state = State.AUTHENTICATING if user is None else State.OPEN
+        self.outbox = Outbox()
+        self._bad_frames: deque[float] = deque()
+        self._ops: set[asyncio.Task[None]] = set()
+        self._ops_room = asyncio.Semaphore(MAX_INFLIGHT_OPS)
+        self.client = ws.client.host if ws.client else None
+
+    # -- Outlet (what the broker calls) -----------------------------------------------------
+
+    def deliver(self, subscription: Subscription, items: Sequence[Delivery]) -> None:
+        queue = subscription.queue_name
+        for item in items:
+            # codec.render: orjson with stored bodies spliced in, or the stdlib when headers
+            # hold what orjson cannot write (an integer beyond 64 bits) — never an exception
+            # here, which would strand claimed deliveries.
+            self.outbox.push(render(partial(_delivered_frame, queue, item)))
+
+    def cancel(self, queue: str, reason: str) -> None:
+        self.send({"type": "SUBSCRIPTION_CANCELLED", "queue": queue, "reason": reason})
+
+    def close(self, code: int, reason: str) -> None:
+        if self.state is not State.CLOSING:
+            self.state = State.CLOSING
+            self.outbox.push(_Close(code, reason))
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, frame: dict[str, Any]) -> None:
+        self.outbox.push(orjson.dumps(frame))
+
+    def reply(self, frame_id: str | int | None, frame: dict[str, Any]) -> None:
+        if frame_id is not None:
+            frame["id"] = frame_id
+        self.send(frame)
+
+    def error(self, exc: BrokerError, frame_id: str | int | None = None, **fields: Any) -> None:
+        self.send(error_frame(exc, frame_id, **fields))
+
+    async def _sender(self) -> None:
+        while True:
+            for item in await self.outbox.take():
+                if isinstance(item, _Close):
+                    await asyncio.wait_for(
+                        self.ws.close(item.code, item.reason), SEND_TIMEOUT_SECONDS
+                    )
+                    return
+                try:
+                    await asyncio.wait_for(
+                        self.ws.send({"type": "websocket.send", "text": item.decode()}),
+                        SEND_TIMEOUT_SECONDS,
+                    )
+                except TimeoutError:
+                    log.warning("closing a WebSocket that stopped reading (send timeout)")
+                    return
+
+    # -- the connection's life --------------------------------------------------------------
+
+    async def run(self) -> None:
+        sender = asyncio.create_task(self._sender(), name=f"ws-send-{self.id}")
+        reader = asyncio.create_task(self._reader(), name=f"ws-read-{self.id}")
+        try:
+            await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, sender):
+                task.cancel()
+            await asyncio.gather(reader, sender, return_exceptions=True)
+            # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
+            # just before closing must not become a redelivery); bounded, then cancelled.
+            if self._ops:
+                await asyncio.wait(set(self._ops), timeout=OPS_GRACE_SECONDS)
+            for op in list(self._ops):
+                op.cancel()
+            if self._ops:
+                await asyncio.gather(*self._ops, return_exceptions=True)
+            if self.state is not State.AUTHENTICATING or self.user is not None:
+                try:
+                    await self.engine.disconnect(self)
+                except BrokerError:
+                    log.warning("release on disconnect failed; ack timeouts will release")
+
+    async def _reader(self) -> None:
+        try:
+            if self.state is State.AUTHENTICATING:
+                async with asyncio.timeout(AUTH_DEADLINE_SECONDS):
+                    await self._authenticate()
+                if not self.is_open():
+                    return
+            while True:
+                await self.outbox.wait_for_room()
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self._on_message(message)
+        except TimeoutError:
+            self.close(4401, "authentication timed out")
+        except WebSocketDisconnect:
+            return
+
+    def is_open(self) -> bool:
+        return self.state is State.OPEN
+
+    def opened(self) -> None:
+        self.state = State.OPEN
+        self.engine.connect(self, self.digest)
+
+    async def _authenticate(self) -> None:
+        while self.state is State.AUTHENTICATING:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            try:
+                frame, frame_id = self._frame_of(message)
+            except BadFrame as exc:
+                self._bad_frame(exc)
+                continue
+            if isinstance(frame, frames.PingFrame):
+                self.reply(frame_id, {"type": "PONG"})
+            elif isinstance(frame, frames.AuthFrame):
+                await self._auth_frame(frame, frame_id)
+            else:
+                self.error(Unauthorized("authenticate first with an AUTH frame"), frame_id)
+
+    async def _auth_frame(self, frame: frames.AuthFrame, frame_id: str | int | None) -> None:
+        auth = self.services.auth
+        try:
+            if not frame.well_formed():
+                raise Unauthorized("AUTH carries either a token or a username and password")
+            if frame.token is not None:
+                user = await auth.authenticate_token(frame.token, self.client)
+                self.digest = token_digest(frame.token)
+            else:
+                assert frame.username is not None
+                assert frame.password is not None
+                user = await auth.authenticate_password(frame.username, frame.password, self.client)
+        except RateLimited as exc:
+            self.error(exc, frame_id)
+            self.close(4429, "too many failed authentications")
+            return
+        except Unauthorized as exc:
+            self.error(exc, frame_id)
+            self.close(4401, "authentication failed")
+            return
+        self.user = user
+        self.opened()
+        self.reply(frame_id, self.connected_frame())
+
+    def connected_frame(self) -> dict[str, Any]:
+        return {
+            "type": "CONNECTED",
+            "connection_id": self.id,
+            "user": {"username": self.user.username, "role": self.user.role.value},
+        }
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def _frame_of(self, message: Any) -> tuple[frames.Frame, str | int | None]:
+        text = message.get("text")
+        if text is None:
+            raise BadFrame("frames are JSON text frames, not binary")
+        return frames.parse(text)
+
+    def _bad_frame(self, exc: BadFrame) -> None:
+        frame_id = exc.extra.get("frame_id")
+        self.error(exc, frame_id)
+        now = time.monotonic()
+        self._bad_frames.append(now)
+        while self._bad_frames and now - self._bad_frames[0] > BAD_FRAME_WINDOW_SECONDS:
+            self._bad_frames.popleft()
+        if len(self._bad_frames) > BAD_FRAME_LIMIT:
+            self.close(1008, "too many bad frames")
+
+    async def _on_message(self, message: Any) -> None:
+        try:
+            frame, frame_id = self._frame_of(message)
+        except BadFrame as exc:
+            self._bad_frame(exc)
+            return
+        await self._handle(frame, frame_id)
+
+    async def _handle(self, frame: frames.Frame, frame_id: str | int | None) -> None:
+        if isinstance(frame, frames.PingFrame):
+            self.reply(frame_id, {"type": "PONG"})
+        elif isinstance(frame, frames.AuthFrame):
+            self._bad_frame(BadFrame("already authenticated", frame_id=frame_id))
+        elif isinstance(frame, frames.SubscribeFrame):
+            await self._guarded(self._subscribe(frame, frame_id), frame_id)
+        elif isinstance(frame, frames.UnsubscribeFrame):
+            await self._guarded(self._unsubscribe(frame, frame_id), frame_id)
+        else:
+            await self._ops_room.acquire()
+            task = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
+            self._ops.add(task)
+            task.add_done_callback(self._op_done)
+
+    def _op_done(self, task: asyncio.Task[None]) -> None:
+        self._ops.discard(task)
+        self._ops_room.release()
+
+    async def _guarded(self, work: Any, frame_id: str | int | None) -> None:
+        try:
+            await work
+        except BadFrame as exc:
+            self._bad_frame(exc)
+        except BrokerError as exc:
+            extra = {k: v for k, v in exc.extra.items() if k == "delivery_tag"}
+            self.error(exc, frame_id, **extra)
+        except Exception:
+            # A bug must neither kill the reader nor leave a frame with an id unanswered.
+            log.exception("a WebSocket frame failed unexpectedly")
+            self.error(BrokerError("an internal error occurred"), frame_id)
+
+    async def _subscribe(self, frame: frames.SubscribeFrame, frame_id: str | int | None) -> None:
+        sub = await self.engine.subscribe(self, frame.queue, frame.prefetch)
+        self.reply(
+            frame_id, {"type": "SUBSCRIBED", "queue": frame.queue, "prefetch": frame.prefetch}
+        )
+        self.engine.activate(sub)
+
+    async def _unsubscribe(
+        self, frame: frames.UnsubscribeFrame, frame_id: str | int | None
+    ) -> None:
+        await self.engine.unsubscribe(self, frame.queue)
+        self.reply(frame_id, {"type": "UNSUBSCRIBED", "queue": frame.queue})
+
+    async def _op(self, frame: frames.Frame, frame_id: str | int | None) -> None:
+        if isinstance(frame, frames.AckFrame):
+            await self._ack(frame, frame_id)
+        elif isinstance(frame, frames.NackFrame):
+            await self._nack(frame, frame_id)
+        elif isinstance(frame, frames.PublishFrame):
+            await self._publish(frame, frame_id)
+
+    async def _ack(self, frame: frames.AckFrame, frame_id: str | int | None) -> None:
+        try:
+            await self.engine.ack(self, frame.delivery_tag)
+        except BrokerError as exc:
+            exc.extra["delivery_tag"] = frame.delivery_tag
+            raise
+        if frame_id is not None:
+            self.reply(frame_id, {"type": "ACKED", "delivery_tag": frame.delivery_tag})
+
+    async def _nack(self, frame: frames.NackFrame, frame_id: str | int | None) -> None:
+        try:
+            outcome = await self.engine.nack(self, frame.delivery_tag, frame.requeue)
+        except BrokerError as exc:
+            exc.extra["delivery_tag"] = frame.delivery_tag
+            raise
+        if frame_id is not None:
+            self.reply(
+                frame_id,
+                {"type": "NACKED", "delivery_tag": frame.delivery_tag, "outcome": outcome.value},
+            )
+
+    async def _publish(self, frame: frames.PublishFrame, frame_id: str | int | None) -> None:
+        publisher = self.services.publisher
+        message = frame.to_outgoing()
+        if frame.exchange is not None:
+            results = await publisher.publish(self.user, frame.exchange, [message])
+        else:
+            assert frame.queue is not None
+            results = await publisher.publish_to_queue(self.user, frame.queue, [message])
+        result = results[0]
+        self.reply(
+            frame_id,
+            {
+                "type": "PUBLISHED",
+                "routed": result.routed,
+                "queues": result.queues,
+                "message_id": result.message_id,
+            },
+        )

@@ -1,0 +1,125 @@
+"""Inbound WebSocket frames: one discriminated union, parsed by one TypeAdapter."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
+
+from app.api.schemas.common import Name, StrictModel
+from app.api.schemas.messages import PublishBody
+from app.errors import BadFrame
+
+FrameId = Annotated[str, Field(max_length=64)] | StrictInt
+
+
+class _Frame(StrictModel):
+    id: FrameId | None = None
+
+
+class AuthFrame(_Frame):
+    type: Literal["AUTH"]
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    def well_formed(self) -> bool:
+        """Either a token, or a username and a password; never both."""
+        if self.token is not None:
+            return self.username is None and self.password is None
+        return self.username is not None and self.password is not None
+
+
+class SubscribeFrame(_Frame):
+    type: Literal["SUBSCRIBE"]
+    queue: Name
+    prefetch: Annotated[StrictInt, Field(ge=1, le=1000)] = 1
+
+
+class UnsubscribeFrame(_Frame):
+    type: Literal["UNSUBSCRIBE"]
+    queue: Name
+
+
+class AckFrame(_Frame):
+    type: Literal["ACK"]
+    delivery_tag: Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class NackFrame(_Frame):
+    type: Literal["NACK"]
+    delivery_tag: Annotated[str, Field(min_length=1, max_length=128)]
+    requeue: StrictBool = True
+
+
+class PingFrame(_Frame):
+    type: Literal["PING"]
+
+
+class PublishFrame(PublishBody):
+    """``PUBLISH``: a publish body plus ``exchange`` (or ``queue`` for the default exchange)."""
+
+    type: Literal["PUBLISH"]
+    id: FrameId | None = None
+    exchange: Name | None = None
+    queue: Name | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> PublishFrame:
+        if (self.exchange is None) == (self.queue is None):
+            raise ValueError("exactly one of 'exchange' and 'queue' must be given")
+        return self
+
+
+Frame = Annotated[
+    AuthFrame | SubscribeFrame | UnsubscribeFrame | AckFrame | NackFrame | PublishFrame | PingFrame,
+    Field(discriminator="type"),
+]
+FRAME: TypeAdapter[Frame] = TypeAdapter(Frame)
+_ID: TypeAdapter[str | int] = TypeAdapter(FrameId)
+
+
+def frame_id_of(raw: Any) -> str | int | None:
+    """The frame's ``id`` when it is a valid one, so even a bad frame's ERROR can carry it."""
+    if isinstance(raw, dict) and "id" in raw:
+        try:
+            return _ID.validate_python(raw["id"])
+        except ValidationError:
+            return None
+    return None
+
+
+#: a run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
+def _loads(text: str | bytes) -> Any:
+    """Strict JSON (orjson); re-read by the stdlib when it may hold a big integer, so a
+    published body's integers stay exact (as on REST, whose parser is the stdlib's)."""
+    raw = orjson.loads(text)
+    source = text if isinstance(text, str) else text.decode("utf-8")
+    if _LONG_DIGITS.search(source):
+        raw = json.loads(source)  # orjson already rejected what is not JSON
+    return raw
+
+
+def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
+    """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one)."""
+    try:
+        raw = _loads(text)
+    except (orjson.JSONDecodeError, RecursionError, UnicodeDecodeError):
+        raise BadFrame("the frame is not valid JSON") from None
+    frame_id = frame_id_of(raw)
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise BadFrame("a frame is a JSON object with a string 'type'", frame_id=frame_id)
+    try:
+        return FRAME.validate_python(raw), frame_id
+    except ValidationError as exc:
+        err = exc.errors(include_input=False, include_url=False)[0]
+        loc = err["loc"]
+        # an unknown "type" (union_tag_invalid) has an empty loc
+        where = ".".join(str(p) for p in loc[1:]) or (str(loc[0]) if loc else "type")
+        raise BadFrame(f"{where}: {err['msg']}", frame_id=frame_id) from None

@@ -1,0 +1,124 @@
+"""Live subscriptions of this process: per (connection, queue), prefetch as credit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.domain.model import User
+from app.storage.deliveries import Claimed
+
+
+class Outlet(Protocol):
+    """A consumer connection as the broker sees it (the WebSocket layer implements it)."""
+
+    id: str
+    user: User
+
+    def deliver(self, subscription: Subscription, items: Sequence[Claimed]) -> None:
+        """Queue deliveries for sending; never blocks (credit bounds what is queued)."""
+
+    def cancel(self, queue: str, reason: str) -> None:
+        """Send SUBSCRIPTION_CANCELLED."""
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the connection (from another task)."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    outlet: Outlet
+    queue_id: int
+    queue_name: str
+    prefetch: int
+    lease_seconds: float
+    unsettled: set[str] = field(default_factory=set)
+    active: bool = True
+
+    @property
+    def credit(self) -> int:
+        return self.prefetch - len(self.unsettled) if self.active else 0
+
+
+class ConsumerRegistry:
+    def __init__(self) -> None:
+        self._by_queue: dict[int, list[Subscription]] = {}
+        self._by_connection: dict[str, dict[int, Subscription]] = {}
+        self._rotation: dict[int, int] = {}
+        self.outlets: dict[str, Outlet] = {}
+
+    def add_outlet(self, outlet: Outlet) -> None:
+        self.outlets[outlet.id] = outlet
+
+    def remove_outlet(self, connection_id: str) -> None:
+        self.outlets.pop(connection_id, None)
+
+    def add(self, sub: Subscription) -> None:
+        self._by_queue.setdefault(sub.queue_id, []).append(sub)
+        self._by_connection.setdefault(sub.outlet.id, {})[sub.queue_id] = sub
+
+    def remove(self, sub: Subscription) -> None:
+        sub.active = False
+        subs = self._by_queue.get(sub.queue_id, [])
+        if sub in subs:
+            subs.remove(sub)
+        if not subs:
+            self._by_queue.pop(sub.queue_id, None)
+            self._rotation.pop(sub.queue_id, None)
+        conn_subs = self._by_connection.get(sub.outlet.id, {})
+        if conn_subs.get(sub.queue_id) is sub:
+            del conn_subs[sub.queue_id]
+        if not conn_subs:
+            self._by_connection.pop(sub.outlet.id, None)
+
+    def get(self, connection_id: str, queue_id: int) -> Subscription | None:
+        return self._by_connection.get(connection_id, {}).get(queue_id)
+
+    def of_connection(self, connection_id: str) -> list[Subscription]:
+        return list(self._by_connection.get(connection_id, {}).values())
+
+    def of_queue(self, queue_id: int) -> list[Subscription]:
+        return list(self._by_queue.get(queue_id, ()))
+
+    def has_queue(self, queue_id: int) -> bool:
+        return bool(self._by_queue.get(queue_id))
+
+    def queue_ids(self) -> list[int]:
+        return list(self._by_queue)
+
+    def connection_ids(self) -> list[str]:
+        return list(self.outlets)
+
+    def subscription_count(self) -> int:
+        return sum(len(s) for s in self._by_queue.values())
+
+    def find_by_tag(self, connection_id: str, tag: str) -> Subscription | None:
+        for sub in self._by_connection.get(connection_id, {}).values():
+            if tag in sub.unsettled:
+                return sub
+        return None
+
+    def round_robin(self, queue_id: int, limit: int) -> list[Subscription]:
+        """The order to hand out the next ``limit`` claims: one per subscriber with credit per
+        round, starting after whoever was served first last time."""
+        subs = [s for s in self._by_queue.get(queue_id, ()) if s.credit > 0]
+        if not subs:
+            return []
+        start = self._rotation.get(queue_id, 0) % len(subs)
+        subs = subs[start:] + subs[:start]
+        credit = {id(s): s.credit for s in subs}
+        order: list[Subscription] = []
+        while len(order) < limit:
+            progressed = False
+            for s in subs:
+                if credit[id(s)] > 0 and len(order) < limit:
+                    order.append(s)
+                    credit[id(s)] -= 1
+                    progressed = True
+            if not progressed:
+                break
+        return order
+
+    def advance(self, queue_id: int, served: int) -> None:
+        self._rotation[queue_id] = self._rotation.get(queue_id, 0) + served

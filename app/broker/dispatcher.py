@@ -1,0 +1,126 @@
+"""Claim up to each subscriber's credit, in one statement per queue, and push.
+
+One worker task per queue that has local subscribers. It sleeps on the queue's wake-up
+(publish, ack, release, NOTIFY from another process), on the next delayed message's due time
+(measured on the database clock), or on a slow poll that covers a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from app.broker.consumers import ConsumerRegistry, Subscription
+from app.broker.tasks import TaskOwner
+from app.broker.wakeups import WakeHub, wait_event
+from app.errors import Unavailable
+from app.metrics import Metrics
+from app.storage import deliveries
+from app.storage.database import Database
+
+log = logging.getLogger("messagex.dispatch")
+
+#: at most this many rows per claim statement
+MAX_CLAIM = 1000
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        db: Database,
+        hub: WakeHub,
+        registry: ConsumerRegistry,
+        tasks: TaskOwner,
+        metrics: Metrics,
+        process_id: str,
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.hub = hub
+        self.registry = registry
+        self.tasks = tasks
+        self.metrics = metrics
+        self.process_id = process_id
+        self.poll_interval = poll_interval
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    def lock(self, queue_id: int) -> asyncio.Lock:
+        """Held while claiming and handing out for a queue, and while its subscriptions change,
+        so an UNSUBSCRIBED or a close is never followed by a delivery from that queue."""
+        lock = self._locks.get(queue_id)
+        if lock is None:
+            lock = self._locks[queue_id] = asyncio.Lock()
+        return lock
+
+    def ensure_worker(self, queue_id: int) -> None:
+        task = self._workers.get(queue_id)
+        if task is None or task.done():
+            self._workers[queue_id] = self.tasks.spawn(
+                self._run(queue_id), name=f"dispatch-{queue_id}"
+            )
+
+    async def _run(self, queue_id: int) -> None:
+        try:
+            with self.hub.register(queue_id) as event:
+                while self.registry.has_queue(queue_id):
+                    event.clear()
+                    try:
+                        due = await self._dispatch(queue_id)
+                    except Unavailable:
+                        due = self.poll_interval
+                    except Exception:
+                        log.exception("dispatch for queue %s failed", queue_id)
+                        due = self.poll_interval
+                    wait = self.poll_interval if due is None else min(due, self.poll_interval)
+                    if wait > 0:
+                        await wait_event(event, wait)
+        finally:
+            if self._workers.get(queue_id) is asyncio.current_task():
+                del self._workers[queue_id]
+                if not self.registry.has_queue(queue_id):
+                    self._locks.pop(queue_id, None)
+
+    async def _dispatch(self, queue_id: int) -> float | None:
+        """Hand out until credit or ready messages run out.
+
+        Returns seconds until the next delayed message is due (0 to go again at once), or
+        None when there is nothing to wait for but a wake-up.
+        """
+        while True:
+            async with self.lock(queue_id):
+                order = self.registry.round_robin(queue_id, MAX_CLAIM)
+                if not order:
+                    return None
+                async with self.db.transaction() as conn:
+                    claimed = await deliveries.claim(
+                        conn,
+                        queue_id=queue_id,
+                        n=len(order),
+                        lease_seconds=order[0].lease_seconds,
+                        process_id=self.process_id,
+                        owners=[s.outlet.id for s in order],
+                        owner_user=None,
+                    )
+                self._hand_out(queue_id, order, claimed)
+            if len(claimed) < len(order):
+                async with self.db.transaction() as conn:
+                    return await deliveries.seconds_until_due(conn, queue_id)
+
+    def _hand_out(
+        self, queue_id: int, order: list[Subscription], claimed: list[deliveries.Claimed]
+    ) -> None:
+        batches: dict[int, tuple[Subscription, list[deliveries.Claimed]]] = {}
+        grouped: defaultdict[int, list[deliveries.Claimed]] = defaultdict(list)
+        for item in claimed:
+            sub = order[item.slot]
+            sub.unsettled.add(item.delivery_tag)
+            grouped[id(sub)].append(item)
+            batches[id(sub)] = (sub, grouped[id(sub)])
+        for sub, items in batches.values():
+            sub.outlet.deliver(sub, items)
+        self.registry.advance(queue_id, len(claimed))
+        if claimed:
+            self.metrics.delivered.labels(via="websocket").inc(len(claimed))

@@ -1,0 +1,181 @@
+"""ACK, NACK, timeout and release: every path that ends a delivery, through domain.retry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from app.broker.tasks import TaskOwner
+from app.domain.retry import Outcome
+from app.errors import UnknownDeliveryTag
+from app.metrics import Metrics
+from app.storage import deliveries
+from app.storage.database import Database
+from app.storage.deliveries import Settled, apply_retry
+
+log = logging.getLogger("messagex.settle")
+
+#: rows per statement when sweeping expired leases
+SWEEP_BATCH = 500
+
+
+_HEX = frozenset("0123456789abcdef")
+_MAX_ID = 2**63 - 1
+
+
+def parse_tag(tag: str) -> int | None:
+    """The message id a delivery tag names, or None when it cannot be one of ours.
+
+    Strict (ASCII digits within bigint, 32 lowercase hex): a tag that reaches the batched
+    ack statement must never make it fail, or it would fail every other ack in the batch.
+    """
+    head, sep, rest = tag.partition(".")
+    if not sep or len(rest) != 32 or not rest.isascii() or not set(rest) <= _HEX:
+        return None
+    if not head.isascii() or not head.isdigit() or len(head) > 19:
+        return None
+    value = int(head)
+    return value if value <= _MAX_ID else None
+
+
+@dataclass
+class _PendingAck:
+    id: int
+    tag: str
+    owner: str
+    future: asyncio.Future[int | None]
+
+
+class Settlement:
+    """Settles deliveries; acks that arrive together (from any connection) share a statement."""
+
+    def __init__(
+        self,
+        db: Database,
+        tasks: TaskOwner,
+        metrics: Metrics,
+        after_settle: Callable[[Settled], None],
+    ) -> None:
+        self.db = db
+        self.tasks = tasks
+        self.metrics = metrics
+        self.after_settle = after_settle
+        self._pending: list[_PendingAck] = []
+        self._flushing = False
+
+    # -- ACK ------------------------------------------------------------------------------
+
+    async def ack(self, owner_connection: str, tag: str) -> int:
+        """Acknowledge; returns the queue id. Raises UnknownDeliveryTag."""
+        message_id = parse_tag(tag)
+        if message_id is None:
+            raise UnknownDeliveryTag()
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._pending.append(_PendingAck(message_id, tag, owner_connection, future))
+        if not self._flushing:
+            self._flushing = True
+            self.tasks.spawn(self._flush(), name="ack-flush")
+        queue_id = await future
+        if queue_id is None:
+            raise UnknownDeliveryTag()
+        return queue_id
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    async with self.db.transaction() as conn:
+                        done = await deliveries.ack_many(
+                            conn, [(p.id, p.tag, p.owner) for p in batch]
+                        )
+                except Exception as exc:
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    continue
+                deleted = dict(done)
+                self.metrics.acked.inc(len(deleted))
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_result(deleted.pop(p.id, None))
+        finally:
+            self._flushing = False
+
+    async def ack_pull(self, owner_user: str, tag: str) -> int:
+        message_id = parse_tag(tag)
+        if message_id is None:
+            raise UnknownDeliveryTag()
+        async with self.db.transaction() as conn:
+            queue_id = await deliveries.ack_pull(
+                conn, id=message_id, tag=tag, owner_user=owner_user
+            )
+        if queue_id is None:
+            raise UnknownDeliveryTag()
+        self.metrics.acked.inc()
+        return queue_id
+
+    # -- NACK -----------------------------------------------------------------------------
+
+    async def nack(
+        self, tag: str, requeue: bool, *, owner_connection: str | None, owner_user: str | None
+    ) -> tuple[Outcome, int]:
+        """Reject one delivery; returns its outcome and queue id. Raises UnknownDeliveryTag."""
+        message_id = parse_tag(tag)
+        if message_id is None:
+            raise UnknownDeliveryTag()
+        async with self.db.transaction() as conn:
+            row = await deliveries.lock_by_tag(
+                conn,
+                id=message_id,
+                tag=tag,
+                owner_connection=owner_connection,
+                owner_user=owner_user,
+            )
+            if row is None:
+                raise UnknownDeliveryTag()
+            settled = await apply_retry(conn, [row], requeue=requeue)
+        outcome = settled.outcomes[row.id]
+        self.metrics.nacked.labels(outcome=outcome.value).inc()
+        settled.owners.discard(owner_connection or "")
+        self.after_settle(settled)
+        return outcome, row.queue_id
+
+    # -- release --------------------------------------------------------------------------
+
+    async def release_connections(self, owners: Sequence[str]) -> Settled:
+        """Release everything these connections hold (disconnect), through the retry path."""
+        async with self.db.transaction() as conn:
+            rows = await deliveries.lock_owned_by_connections(conn, owners)
+            settled = await apply_retry(conn, rows, requeue=True)
+        self._count("disconnect", settled)
+        self.after_settle(settled)
+        return settled
+
+    async def release_processes(self, processes: Sequence[str]) -> Settled:
+        async with self.db.transaction() as conn:
+            rows = await deliveries.lock_owned_by_processes(conn, processes)
+            settled = await apply_retry(conn, rows, requeue=True)
+        self._count("process_lost", settled)
+        self.after_settle(settled)
+        return settled
+
+    async def sweep_expired(self) -> int:
+        """Release deliveries whose ack timeout passed; safe when several processes sweep."""
+        total = 0
+        while True:
+            async with self.db.transaction() as conn:
+                rows = await deliveries.lock_expired(conn, SWEEP_BATCH)
+                settled = await apply_retry(conn, rows, requeue=True)
+            if rows:
+                self._count("ack_timeout", settled)
+                self.after_settle(settled)
+            total += len(rows)
+            if len(rows) < SWEEP_BATCH:
+                return total
+
+    def _count(self, reason: str, settled: Settled) -> None:
+        for outcome in settled.outcomes.values():
+            self.metrics.released.labels(reason=reason, outcome=outcome.value).inc()

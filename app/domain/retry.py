@@ -1,0 +1,91 @@
+"""The one retry / dead-letter decision (contract §10).
+
+Used alike by NACK, by the ack-timeout sweep and by release on disconnect or process death.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Outcome(StrEnum):
+    REQUEUED = "requeued"
+    DEAD_LETTERED = "dead_lettered"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+
+class DeathReason(StrEnum):
+    DELIVERY_LIMIT = "delivery_limit"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    reason: DeathReason | None = None
+
+
+def decide(
+    *,
+    delivery_count: int,
+    max_delivery_count: int | None,
+    has_dead_letter_queue: bool,
+    requeue: bool,
+) -> Decision:
+    """What happens to an in-flight delivery that was not acknowledged.
+
+    ``requeue`` is true for NACK with requeue, ack timeout and release; false for
+    NACK with ``requeue: false``. ``delivery_count`` already counts the current delivery.
+    """
+    if not requeue:
+        if has_dead_letter_queue:
+            return Decision(Outcome.DEAD_LETTERED, DeathReason.REJECTED)
+        return Decision(Outcome.DISCARDED)
+    if max_delivery_count is None or delivery_count < max_delivery_count:
+        return Decision(Outcome.REQUEUED)
+    if has_dead_letter_queue:
+        return Decision(Outcome.DEAD_LETTERED, DeathReason.DELIVERY_LIMIT)
+    return Decision(Outcome.DEAD)
+
+
+def with_death(
+    headers: dict[str, Any],
+    *,
+    queue: str,
+    reason: DeathReason,
+    time: datetime,
+    exchange: str,
+    routing_key: str,
+) -> dict[str, Any]:
+    """``headers`` with the ``x-death`` list updated, as RabbitMQ does.
+
+    One entry per (queue, reason), newest first; the same pair again increments its
+    ``count`` and moves to the front.
+    """
+    previous = headers.get("x-death")
+    deaths: list[Any] = list(previous) if isinstance(previous, list) else []
+    count = 1
+    kept: list[Any] = []
+    for entry in deaths:
+        if (
+            isinstance(entry, dict)
+            and entry.get("queue") == queue
+            and entry.get("reason") == reason.value
+        ):
+            prior = entry.get("count")
+            count = (prior if isinstance(prior, int) and not isinstance(prior, bool) else 0) + 1
+        else:
+            kept.append(entry)
+    entry_now = {
+        "queue": queue,
+        "reason": reason.value,
+        "count": count,
+        "time": time.isoformat().replace("+00:00", "Z"),
+        "exchange": exchange,
+        "routing_keys": [routing_key],
+    }
+    return {**headers, "x-death": [entry_now, *kept]}

@@ -1,0 +1,493 @@
+"""Claim, settle and release: the delivery half of the hot path.
+
+Every statement here is built once at import (constant SQL, so asyncpg's prepared-statement
+cache hits) and commented with its concurrency reasoning. Callers own the transactions.
+
+A delivery tag is ``"<message id>.<128 random bits in hex>"``: the id lets every settle look the
+row up by primary key (no index on the tag, so claims stay cheap), the random part makes a tag
+from an earlier delivery of the same row worthless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.model import Delivery
+from app.domain.retry import Outcome, decide, with_death
+
+# -- claim ----------------------------------------------------------------------------------
+
+# Claim up to :n ready rows of one queue in (available_at, id) order, in ONE statement.
+# FOR UPDATE SKIP LOCKED: concurrent claimers (other subscribers, other processes) each lock
+# distinct rows and never wait on each other, so no message is ever in flight twice. The
+# inner query walks ix_messages_claim (partial on ready rows). Row i of the claim goes to
+# owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
+# credit, so one round trip serves every local subscriber of the queue. Pull claims pass
+# NULL owners (the row then belongs to :owner_user).
+CLAIM = text("""
+WITH picked AS (
+    SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn
+    FROM (
+        SELECT id, available_at
+        FROM messages
+        WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= now()
+        ORDER BY available_at, id
+        LIMIT :n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+)
+UPDATE messages AS m SET
+    status = 'in_flight',
+    delivery_count = m.delivery_count + 1,
+    delivered_at = now(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    delivery_tag = m.id::text || '.' || replace(gen_random_uuid()::text, '-', ''),
+    owner_process = CAST(:process_id AS uuid),
+    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
+    owner_user = CAST(:owner_user AS text)
+FROM picked AS p
+WHERE m.id = p.id
+RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers,
+          m.properties, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
+""")
+
+# Seconds from the database's now() to the queue's next due ready message: <= 0 when one is
+# due, NULL when the queue has no ready rows. min() over ix_messages_claim is an index probe.
+NEXT_DUE = text("""
+SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
+FROM messages WHERE queue_id = :queue_id AND status = 'ready'
+""")
+
+
+Claimed = Delivery
+
+
+async def claim(
+    conn: AsyncConnection,
+    *,
+    queue_id: int,
+    n: int,
+    lease_seconds: float,
+    process_id: str,
+    owners: Sequence[str] | None,
+    owner_user: str | None,
+) -> list[Claimed]:
+    result = await conn.execute(
+        CLAIM,
+        {
+            "queue_id": queue_id,
+            "n": n,
+            "lease_seconds": lease_seconds,
+            "process_id": process_id,
+            "owners": list(owners) if owners is not None else None,
+            "owner_user": owner_user,
+        },
+    )
+    rows = sorted(result.all(), key=lambda r: r[0])
+    return [Claimed(r[0] - 1, *r[1:]) for r in rows]
+
+
+async def seconds_until_due(conn: AsyncConnection, queue_id: int) -> float | None:
+    value = (await conn.execute(NEXT_DUE, {"queue_id": queue_id})).scalar()
+    return None if value is None else float(value)
+
+
+# -- acknowledge ----------------------------------------------------------------------------
+
+# Acks that arrive together settle in one statement: the row must still be in flight with
+# exactly this tag and owned by this connection, so a double ack, another connection's tag or
+# a tag that timed out (and was re-claimed with a new tag, or requeued with none) deletes
+# nothing. Row locks make a concurrent sweep or release and this delete serialise: whichever
+# commits first wins, the other sees the changed row and skips it.
+ACK_MANY = text("""
+DELETE FROM messages AS m
+USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[]), CAST(:owners AS uuid[]))
+      AS a(id, tag, owner)
+WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
+  AND m.status = 'in_flight'
+RETURNING m.id, m.queue_id
+""")
+
+# A pull delivery belongs to the user that got it and to no connection.
+ACK_PULL = text("""
+DELETE FROM messages
+WHERE id = :id AND delivery_tag = :tag AND status = 'in_flight'
+  AND owner_connection IS NULL AND owner_user = :owner_user
+RETURNING queue_id
+""")
+
+
+async def ack_many(
+    conn: AsyncConnection, items: Sequence[tuple[int, str, str]]
+) -> list[tuple[int, int]]:
+    """Delete in-flight rows by (id, tag, owner connection); returns (id, queue_id) deleted."""
+    if not items:
+        return []
+    result = await conn.execute(
+        ACK_MANY,
+        {
+            "ids": [i[0] for i in items],
+            "tags": [i[1] for i in items],
+            "owners": [i[2] for i in items],
+        },
+    )
+    return [(r[0], r[1]) for r in result.all()]
+
+
+async def ack_pull(conn: AsyncConnection, *, id: int, tag: str, owner_user: str) -> int | None:
+    result = await conn.execute(ACK_PULL, {"id": id, "tag": tag, "owner_user": owner_user})
+    value = result.scalar()
+    return None if value is None else int(value)
+
+
+# -- lock rows for the retry path -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unsettled:
+    """An in-flight row locked for the retry decision, with what the decision needs."""
+
+    id: int
+    queue_id: int
+    queue_name: str
+    delivery_count: int
+    max_delivery_count: int | None
+    dead_letter_queue_id: int | None
+    headers: dict[str, Any]
+    exchange: str
+    routing_key: str
+    owner_connection: str | None
+    owner_process: str | None
+    now: datetime
+
+
+_UNSETTLED_COLUMNS = """
+    m.id, m.queue_id, q.name, m.delivery_count, q.max_delivery_count, q.dead_letter_queue_id,
+    m.headers, m.exchange, m.routing_key, m.owner_connection::text, m.owner_process::text, now()
+FROM messages AS m JOIN queues AS q ON q.id = m.queue_id
+"""
+
+# NACK: the one delivery, if still in flight with this tag and owner. The owner is a
+# connection (WebSocket) or, for pull deliveries, a user with no connection.
+LOCK_BY_TAG = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.id = :id AND m.delivery_tag = :tag AND m.status = 'in_flight'
+  AND m.owner_connection IS NOT DISTINCT FROM CAST(:owner_connection AS uuid)
+  AND (CAST(:owner_user AS text) IS NULL OR m.owner_user = CAST(:owner_user AS text))
+FOR UPDATE OF m
+"""
+)
+
+# Ack-timeout sweep: expired leases via ix_messages_lease. SKIP LOCKED lets several processes
+# sweep at once without waiting on each other or on a consumer's concurrent ack.
+LOCK_EXPIRED = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.status = 'in_flight' AND m.lease_expires_at <= now()
+ORDER BY m.lease_expires_at
+LIMIT :n
+FOR UPDATE OF m SKIP LOCKED
+"""
+)
+
+# Release on disconnect: everything a connection still holds (ix_messages_owner). No SKIP
+# LOCKED: a concurrent ack of one of these rows finishes first and the row is then gone.
+# Rows are locked in id order so two releases can never deadlock.
+LOCK_OWNED_BY_CONNECTIONS = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.status = 'in_flight' AND m.owner_connection = ANY(CAST(:owners AS uuid[]))
+ORDER BY m.id
+FOR UPDATE OF m
+"""
+)
+
+# Release what dead broker processes' WebSockets held (their heartbeat went stale). Pull
+# deliveries have no connection and wait for their ack timeout, as the contract says. The
+# in-flight set is small and walked through ix_messages_lease's partial predicate.
+LOCK_OWNED_BY_PROCESSES = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.status = 'in_flight' AND m.owner_process = ANY(CAST(:processes AS uuid[]))
+  AND m.owner_connection IS NOT NULL
+ORDER BY m.id
+FOR UPDATE OF m SKIP LOCKED
+"""
+)
+
+
+def _unsettled(rows: Sequence[Any]) -> list[Unsettled]:
+    return [Unsettled(*r) for r in rows]
+
+
+async def lock_by_tag(
+    conn: AsyncConnection,
+    *,
+    id: int,
+    tag: str,
+    owner_connection: str | None,
+    owner_user: str | None,
+) -> Unsettled | None:
+    rows = (
+        await conn.execute(
+            LOCK_BY_TAG,
+            {"id": id, "tag": tag, "owner_connection": owner_connection, "owner_user": owner_user},
+        )
+    ).all()
+    found = _unsettled(rows)
+    return found[0] if found else None
+
+
+async def lock_expired(conn: AsyncConnection, n: int) -> list[Unsettled]:
+    return _unsettled((await conn.execute(LOCK_EXPIRED, {"n": n})).all())
+
+
+async def lock_owned_by_connections(
+    conn: AsyncConnection, owners: Sequence[str]
+) -> list[Unsettled]:
+    if not owners:
+        return []
+    return _unsettled(
+        (await conn.execute(LOCK_OWNED_BY_CONNECTIONS, {"owners": list(owners)})).all()
+    )
+
+
+async def lock_owned_by_processes(
+    conn: AsyncConnection, processes: Sequence[str]
+) -> list[Unsettled]:
+    if not processes:
+        return []
+    rows = (await conn.execute(LOCK_OWNED_BY_PROCESSES, {"processes": list(processes)})).all()
+    return _unsettled(rows)
+
+
+# -- apply retry decisions, in batches ------------------------------------------------------
+
+# Back to ready (or dead) in place: available_at is kept, so a requeued message keeps its
+# place in (available_at, id) order; the tag is cleared, so a late ack of it matches nothing.
+_RETURN = """
+UPDATE messages SET status = :status, delivery_tag = NULL, lease_expires_at = NULL,
+    owner_process = NULL, owner_connection = NULL, owner_user = NULL
+WHERE id = ANY(CAST(:ids AS bigint[]))
+"""
+RETURN_TO_STATUS = text(_RETURN)
+
+# Moved to the dead-letter queue: ready there at the tail, delivery_count 0, x-death headers
+# computed by domain.retry; message_id, created_at, exchange, routing key and body are kept.
+DEAD_LETTER = text("""
+UPDATE messages AS m SET queue_id = d.dlq, status = 'ready', delivery_count = 0,
+    headers = d.headers, available_at = now(), delivery_tag = NULL, lease_expires_at = NULL,
+    owner_process = NULL, owner_connection = NULL, owner_user = NULL
+FROM unnest(CAST(:ids AS bigint[]), CAST(:dlqs AS bigint[]), CAST(:headers AS jsonb[]))
+     AS d(id, dlq, headers)
+WHERE m.id = d.id
+""")
+
+DISCARD = text("DELETE FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+
+async def return_to_status(conn: AsyncConnection, ids: Sequence[int], status: str) -> None:
+    if ids:
+        await conn.execute(RETURN_TO_STATUS, {"ids": list(ids), "status": status})
+
+
+async def dead_letter(conn: AsyncConnection, moves: Sequence[tuple[int, int, str]]) -> None:
+    """``moves``: (id, dead-letter queue id, new headers as JSON text)."""
+    if moves:
+        await conn.execute(
+            DEAD_LETTER,
+            {
+                "ids": [m[0] for m in moves],
+                "dlqs": [m[1] for m in moves],
+                "headers": [m[2] for m in moves],
+            },
+        )
+
+
+async def discard(conn: AsyncConnection, ids: Sequence[int]) -> None:
+    if ids:
+        await conn.execute(DISCARD, {"ids": list(ids)})
+
+
+@dataclass
+class Settled:
+    """What a retry-path batch did: outcome per row id, and the queues that got ready rows."""
+
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    woken_queues: set[int] = field(default_factory=set)
+    owners: set[str] = field(default_factory=set)
+
+
+async def apply_retry(
+    conn: AsyncConnection, rows: Sequence[Unsettled], *, requeue: bool
+) -> Settled:
+    """Decide each row with domain.retry and apply the decisions in at most four statements."""
+    settled = Settled()
+    back: list[int] = []
+    dead: list[int] = []
+    gone: list[int] = []
+    moves: list[tuple[int, int, str]] = []
+    for row in rows:
+        decision = decide(
+            delivery_count=row.delivery_count,
+            max_delivery_count=row.max_delivery_count,
+            has_dead_letter_queue=row.dead_letter_queue_id is not None,
+            requeue=requeue,
+        )
+        settled.outcomes[row.id] = decision.outcome
+        if row.owner_connection:
+            settled.owners.add(row.owner_connection)
+        if decision.outcome is Outcome.REQUEUED:
+            back.append(row.id)
+            settled.woken_queues.add(row.queue_id)
+        elif decision.outcome is Outcome.DEAD:
+            dead.append(row.id)
+        elif decision.outcome is Outcome.DISCARDED:
+            gone.append(row.id)
+        else:
+            assert decision.reason is not None
+            assert row.dead_letter_queue_id is not None
+            headers = with_death(
+                row.headers,
+                queue=row.queue_name,
+                reason=decision.reason,
+                time=row.now,
+                exchange=row.exchange,
+                routing_key=row.routing_key,
+            )
+            moves.append((row.id, row.dead_letter_queue_id, orjson.dumps(headers).decode()))
+            settled.woken_queues.add(row.dead_letter_queue_id)
+    await return_to_status(conn, back, "ready")
+    await return_to_status(conn, dead, "dead")
+    await discard(conn, gone)
+    await dead_letter(conn, moves)
+    return settled
+
+
+# -- reconcile local credit with the database -----------------------------------------------
+
+# Which of these connections' deliveries are still in flight (ix_messages_owner). A local
+# delivery missing here was settled elsewhere: timed out, released, or deleted by an admin.
+STILL_IN_FLIGHT = text("""
+SELECT owner_connection::text, delivery_tag FROM messages
+WHERE status = 'in_flight' AND owner_connection = ANY(CAST(:owners AS uuid[]))
+""")
+
+
+async def still_in_flight(conn: AsyncConnection, owners: Sequence[str]) -> set[tuple[str, str]]:
+    if not owners:
+        return set()
+    rows = (await conn.execute(STILL_IN_FLIGHT, {"owners": list(owners)})).all()
+    return {(r[0], r[1]) for r in rows}
+
+
+# The tags a connection still holds on one queue (ix_messages_owner). A new subscription of the
+# same (connection, queue) pair starts with them, so prefetch bounds the pair (contract §10)
+# even after an UNSUBSCRIBE or a SUBSCRIPTION_CANCELLED left deliveries unsettled.
+OWNED_TAGS = text("""
+SELECT delivery_tag FROM messages
+WHERE status = 'in_flight' AND owner_connection = CAST(:owner AS uuid) AND queue_id = :queue_id
+""")
+
+
+async def owned_tags(conn: AsyncConnection, owner: str, queue_id: int) -> set[str]:
+    rows = (await conn.execute(OWNED_TAGS, {"owner": owner, "queue_id": queue_id})).all()
+    return {str(r[0]) for r in rows}
+
+
+# -- queues as the delivery side sees them --------------------------------------------------
+
+QUEUE_BY_NAME = text("SELECT id, ack_timeout_seconds FROM queues WHERE name = :name")
+
+
+async def queue_by_name(conn: AsyncConnection, name: str) -> tuple[int, int | None] | None:
+    row = (await conn.execute(QUEUE_BY_NAME, {"name": name})).first()
+    return None if row is None else (int(row[0]), row[1])
+
+
+QUEUE_NAMES = text("SELECT id, name FROM queues WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+
+async def queue_names(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
+    rows = (await conn.execute(QUEUE_NAMES, {"ids": list(ids)})).all()
+    return {int(r[0]): str(r[1]) for r in rows}
+
+
+# -- presence: broker processes and their live subscriptions --------------------------------
+
+REGISTER_PROCESS = text("""
+INSERT INTO broker_processes (id, hostname, pid) VALUES (:id, :hostname, :pid)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+""")
+HEARTBEAT = text("""
+UPDATE broker_processes SET heartbeat_at = now(), connections = :connections WHERE id = :id
+""")
+# A process whose heartbeat is older than :stale seconds is dead; its subscriptions go with
+# it (ON DELETE CASCADE) and the caller releases what it held.
+REAP = text("""
+DELETE FROM broker_processes
+WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
+RETURNING id::text
+""")
+UNREGISTER_PROCESS = text("DELETE FROM broker_processes WHERE id = :id")
+ADD_SUBSCRIPTION = text("""
+INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)
+VALUES (:connection_id, :queue_id, :process_id, :prefetch)
+ON CONFLICT DO NOTHING
+""")
+REMOVE_SUBSCRIPTION = text(
+    "DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id"
+)
+REMOVE_CONNECTION = text("DELETE FROM subscriptions WHERE connection_id = :connection_id")
+
+
+async def register_process(conn: AsyncConnection, id: str, hostname: str, pid: int) -> None:
+    await conn.execute(REGISTER_PROCESS, {"id": id, "hostname": hostname, "pid": pid})
+
+
+async def heartbeat(conn: AsyncConnection, id: str, connections: int) -> bool:
+    result = await conn.execute(HEARTBEAT, {"id": id, "connections": connections})
+    return bool(result.rowcount)
+
+
+async def reap_dead_processes(conn: AsyncConnection, me: str, stale_seconds: float) -> list[str]:
+    rows = (await conn.execute(REAP, {"me": me, "stale": stale_seconds})).all()
+    return [str(r[0]) for r in rows]
+
+
+async def unregister_process(conn: AsyncConnection, id: str) -> None:
+    await conn.execute(UNREGISTER_PROCESS, {"id": id})
+
+
+async def add_subscription(
+    conn: AsyncConnection, *, connection_id: str, queue_id: int, process_id: str, prefetch: int
+) -> None:
+    await conn.execute(
+        ADD_SUBSCRIPTION,
+        {
+            "connection_id": connection_id,
+            "queue_id": queue_id,
+            "process_id": process_id,
+            "prefetch": prefetch,
+        },
+    )
+
+
+async def remove_subscription(conn: AsyncConnection, connection_id: str, queue_id: int) -> None:
+    await conn.execute(REMOVE_SUBSCRIPTION, {"connection_id": connection_id, "queue_id": queue_id})
+
+
+async def remove_connection(conn: AsyncConnection, connection_id: str) -> None:
+    await conn.execute(REMOVE_CONNECTION, {"connection_id": connection_id})

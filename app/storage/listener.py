@@ -1,0 +1,111 @@
+"""A dedicated PostgreSQL connection for LISTEN/NOTIFY, watched and re-established.
+
+NOTIFY is only a hint here: callers keep a slow poll for lost wake-ups, and a failed
+``notify`` is logged and dropped, never raised into a publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+log = logging.getLogger("messagex.listener")
+
+#: PostgreSQL caps a NOTIFY payload just under 8000 bytes.
+MAX_PAYLOAD = 7900
+
+
+class Listener:
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        on_message: Callable[[str], None],
+        on_connected: Callable[[], None],
+        *,
+        keepalive_seconds: float = 5.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.channel = channel
+        self.on_message = on_message
+        self.on_connected = on_connected
+        self.keepalive_seconds = keepalive_seconds
+        self.connect_timeout = connect_timeout
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+        self.connected = asyncio.Event()
+
+    def _callback(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            self.on_message(payload)
+        except Exception:
+            log.exception("notification handler failed")
+
+    async def run(self) -> None:
+        """Listen forever: connect, LISTEN, check the connection, reconnect after a failure."""
+        backoff = 0.1
+        while True:
+            try:
+                await self._connect()
+                backoff = 0.1
+                await self._watch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting", type(exc).__name__)
+            finally:
+                self.connected.clear()
+                await self._close()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(
+            self.dsn,
+            timeout=self.connect_timeout,
+            server_settings={"application_name": "messagex-listener"},
+        )
+        await conn.add_listener(self.channel, self._callback)
+        self._conn = conn
+        self.connected.set()
+        # After a (re)connect, wake-ups sent meanwhile are lost: let the owner poll once.
+        self.on_connected()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive_seconds)
+            async with self._lock:
+                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.connect_timeout)
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to do
+                conn.terminate()
+
+    async def notify(self, payload: str) -> bool:
+        """Send a notification on this connection; False (logged) when it could not be sent."""
+        conn = self._conn
+        if conn is None:
+            return False
+        try:
+            async with self._lock:
+                await asyncio.wait_for(
+                    conn.execute("SELECT pg_notify($1, $2)", self.channel, payload),
+                    self.connect_timeout,
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("NOTIFY failed (%s); the poll fallback covers it", type(exc).__name__)
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self._close()

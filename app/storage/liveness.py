@@ -1,0 +1,35 @@
+"""Checks that keep live WebSocket connections honest: sessions still valid, users still there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.model import Permissions, Role, User
+
+# Sessions among these digests that are neither revoked (deleted) nor expired (DB clock).
+LIVE_SESSIONS = text("""
+SELECT token_digest FROM management_sessions
+WHERE token_digest = ANY(CAST(:digests AS bytea[])) AND expires_at > now()
+""")
+
+USERS = text("""
+SELECT username, role, perm_configure, perm_write, perm_read, loopback_only
+FROM broker_users WHERE username = ANY(CAST(:names AS text[]))
+""")
+
+
+async def live_sessions(conn: AsyncConnection, digests: Sequence[bytes]) -> set[bytes]:
+    if not digests:
+        return set()
+    rows = (await conn.execute(LIVE_SESSIONS, {"digests": list(digests)})).all()
+    return {bytes(r[0]) for r in rows}
+
+
+async def users(conn: AsyncConnection, names: Sequence[str]) -> dict[str, User]:
+    if not names:
+        return {}
+    rows = (await conn.execute(USERS, {"names": list(names)})).all()
+    return {r[0]: User(r[0], Role(r[1]), Permissions(r[2], r[3], r[4]), bool(r[5])) for r in rows}
