@@ -19,6 +19,12 @@ class BrokerError(Exception):
         super().__init__(self.message)
 
 
+class InternalError(BrokerError):
+    """An internal error occurred; nothing was changed."""
+
+    code = "internal_error"
+
+
 class BadRequest(BrokerError):
     """The request is malformed."""
 

@@ -13,7 +13,8 @@ class Metrics:
             "messagex_messages_published", "Messages accepted by publish calls", registry=r
         )
         self.routed_copies = Counter(
-            "messagex_message_copies_stored", "Message rows stored (one per routed queue)",
+            "messagex_message_copies_stored",
+            "Message rows stored (one per routed queue)",
             registry=r,
         )
         self.unroutable = Counter(
@@ -39,15 +40,15 @@ class Metrics:
             "messagex_subscriptions", "Live WebSocket subscriptions", registry=r
         )
         self.http_requests = Counter(
-            "messagex_http_requests", "HTTP requests by route and status", ["route", "status"],
+            "messagex_http_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
             registry=r,
         )
         self.http_latency = Histogram(
             "messagex_http_request_seconds", "HTTP request latency", ["route"], registry=r
         )
-        self.auth_failures = Counter(
-            "messagex_auth_failures", "Failed authentications", registry=r
-        )
+        self.auth_failures = Counter("messagex_auth_failures", "Failed authentications", registry=r)
 
     def render(self) -> bytes:
         out: bytes = generate_latest(self.registry)

@@ -21,8 +21,8 @@ from tests.support import (
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
-    cluster = PgCluster(tmp_path_factory.mktemp("pg"))
+def pg_cluster() -> Iterator[PgCluster]:
+    cluster = PgCluster(None)
     try:
         yield cluster
     finally:

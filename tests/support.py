@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -89,13 +91,16 @@ def admin_sql(url: str, *statements: str) -> None:
 class PgCluster:
     """Where the test databases live: MESSAGEX_TEST_DATABASE_URL, or an embedded server."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path | None = None) -> None:
         self.embedded: Any = None
         url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
         if not url:
             from app.storage.database import EmbeddedPostgres
 
-            self.embedded = EmbeddedPostgres(tmp)
+            # Its own directory outside pytest's shared temp root: another pytest session on
+            # the machine may prune that root while this one runs.
+            self._own_dir = Path(tempfile.mkdtemp(prefix="messagex-pg-", dir=tmp))
+            self.embedded = EmbeddedPostgres(self._own_dir)
             url = self.embedded.start()
             # A throwaway cluster: durability buys nothing here.
             admin_sql(
@@ -148,6 +153,7 @@ class PgCluster:
     def stop(self) -> None:
         if self.embedded is not None:
             self.embedded.stop()
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
 
 def free_port() -> int:

