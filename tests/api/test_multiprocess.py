@@ -1,0 +1,331 @@
+"""Two broker processes on one database (contract §10, §12): LISTEN/NOTIFY wake-ups,
+shared consumer counts, release when a process stops, cancellations and revocations that
+cross processes. Each "process" is a real uvicorn server with its own engine and pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    LiveServer,
+    PgCluster,
+    client,
+    login,
+    running_server,
+    wait_for,
+)
+from tests.support import test_settings as settings_for
+from tests.wsclient import WsClient, browse, declare_queue, make_user, publish, stats, waiting_on
+
+_names = itertools.count()
+PASSWORD = "pw-of-the-user"
+
+
+def fresh(prefix: str = "q") -> str:
+    return f"{prefix}{next(_names)}x{uuid.uuid4().hex[:6]}"
+
+
+class Pair:
+    def __init__(self, a: LiveServer, b: LiveServer, rest_a: httpx.Client, rest_b: httpx.Client):
+        self.a, self.b, self.rest_a, self.rest_b = a, b, rest_a, rest_b
+
+
+def start_pair(stack: ExitStack, url: str, **overrides: Any) -> Pair:
+    a = stack.enter_context(running_server(settings_for(url, **overrides)))
+    b = stack.enter_context(running_server(settings_for(url, **overrides)))
+    rest_a = stack.enter_context(client(a.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)))
+    rest_b = stack.enter_context(client(b.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)))
+    return Pair(a, b, rest_a, rest_b)
+
+
+@pytest.fixture(scope="module")
+def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
+    name = pg_cluster.create_database(template_db)
+    try:
+        yield pg_cluster.url_for(name)
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def pair(database: str) -> Iterator[Pair]:
+    with ExitStack() as stack:
+        yield start_pair(stack, database)
+
+
+def test_publish_on_b_wakes_a_subscriber_on_a(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_b, q)
+    latencies = []
+    with WsClient.admin(pair.a.ws_url) as ws:
+        ws.subscribe(q, 10)
+        for i in range(5):
+            started = time.monotonic()
+            publish(pair.rest_b, q, i)
+            d = ws.delivery(timeout=3)
+            latencies.append(time.monotonic() - started)
+            assert d["body"] == i
+            assert ws.ack(d["delivery_tag"])["type"] == "ACKED"
+    median = statistics.median(latencies)
+    print(
+        "publish on B → MESSAGE_DELIVERED on A: "
+        + ", ".join(f"{x * 1000:.0f}" for x in latencies)
+        + f" ms (median {median * 1000:.0f} ms)"
+    )
+    # The contract wants ~100 ms (NOTIFY, not the 1 s poll); the bound allows CI noise, and
+    # the median below the poll interval shows the wake-up came from NOTIFY.
+    assert max(latencies) < 1.0, latencies
+    assert median < 0.5, latencies
+
+
+def test_delayed_message_published_on_b_is_on_time_on_a(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_b, q)
+    with WsClient.admin(pair.a.ws_url) as ws:
+        ws.subscribe(q)
+        started = time.monotonic()
+        publish(pair.rest_b, q, "later", delay_ms=500)
+        ws.delivery(timeout=3)
+        elapsed = time.monotonic() - started
+        print(f"delay_ms=500 across processes: {elapsed * 1000:.0f} ms")
+        assert 0.49 <= elapsed <= 0.9, elapsed
+
+
+def test_long_poll_on_a_is_woken_by_a_publish_on_b(pair: Pair, database: str) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    result: dict[str, Any] = {}
+
+    def poll() -> None:
+        r = pair.rest_a.post(f"/queues/{q}/get", json={"wait_ms": 5000})
+        result["done"] = time.monotonic()
+        result["response"] = r
+
+    qid = _sql(database, "SELECT id FROM queues WHERE name = $1", q)[0]["id"]
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    wait_for(lambda: waiting_on(pair.a, qid) == 1, 3, message="the long poll on A to wait")
+    published = time.monotonic()
+    publish(pair.rest_b, q, "cross")
+    thread.join(6)
+    r = result["response"]
+    assert r.status_code == 200
+    assert [m["body"] for m in r.json()["messages"]] == ["cross"]
+    latency = result["done"] - published
+    print(f"long poll on A woken {latency * 1000:.0f} ms after the publish on B")
+    assert latency < 0.9
+
+
+def test_consumers_are_counted_on_every_process(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    a1 = WsClient.admin(pair.a.ws_url)
+    b1 = WsClient.admin(pair.b.ws_url)
+    try:
+        a1.subscribe(q)
+        assert stats(pair.rest_b, q)["consumers"] == 1
+        b1.subscribe(q)
+        assert stats(pair.rest_a, q)["consumers"] == 2
+        assert stats(pair.rest_b, q)["consumers"] == 2
+        a1.close()
+        wait_for(lambda: stats(pair.rest_b, q)["consumers"] == 1, 3, message="A's consumer gone")
+    finally:
+        a1.close()
+        b1.close()
+    wait_for(lambda: stats(pair.rest_a, q)["consumers"] == 0, 3, message="no consumers")
+    # if_unused sees subscribers of the other process
+    with WsClient.admin(pair.a.ws_url) as ws:
+        ws.subscribe(q)
+        r = pair.rest_b.delete(f"/queues/{q}", params={"if_unused": "true"})
+        assert r.status_code == 409, r.text
+
+
+def test_queue_deleted_on_b_cancels_subscriptions_on_a(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    publish(pair.rest_a, q, "held")
+    with WsClient.admin(pair.a.ws_url) as ws:
+        ws.subscribe(q)
+        held = ws.delivery()
+        assert pair.rest_b.delete(f"/queues/{q}").status_code == 204
+        started = time.monotonic()
+        assert ws.expect("SUBSCRIPTION_CANCELLED", 3) == {
+            "type": "SUBSCRIPTION_CANCELLED",
+            "queue": q,
+            "reason": "queue_deleted",
+        }
+        print(f"SUBSCRIPTION_CANCELLED on A {(time.monotonic() - started) * 1000:.0f} ms later")
+        reply = ws.ack(held["delivery_tag"])
+        assert (reply["type"], reply["code"]) == ("ERROR", "unknown_delivery_tag")
+
+
+def test_ack_on_a_frees_credit_after_a_release_seen_on_b(pair: Pair) -> None:
+    """A message released by B's ack-timeout sweep (or any process) frees A's prefetch slot."""
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    publish(pair.rest_a, q, "first")
+    publish(pair.rest_a, q, "second")
+    with WsClient.admin(pair.a.ws_url) as ws:
+        ws.subscribe(q, 1)
+        held = ws.delivery()
+        [row] = browse(pair.rest_b, q, "in_flight")
+        assert pair.rest_b.delete(f"/queues/{q}/messages/{row['id']}").status_code == 204
+        assert ws.delivery(timeout=3)["body"] == "second"
+        reply = ws.ack(held["delivery_tag"])
+        assert reply["code"] == "unknown_delivery_tag"
+
+
+def test_user_deleted_on_b_closes_sockets_on_a(pair: Pair) -> None:
+    name = fresh("u")
+    make_user(pair.rest_b, name, PASSWORD)
+    with WsClient.as_user(pair.a.ws_url, name, PASSWORD) as ws:
+        started = time.monotonic()
+        assert pair.rest_b.delete(f"/users/{name}").status_code == 204
+        code, _ = ws.expect_close(6)
+        assert code == 4401
+        elapsed = time.monotonic() - started
+        print(f"closed on A {elapsed:.2f} s after DELETE /users on B")
+        assert elapsed <= 5.5
+
+
+def test_logout_on_b_closes_the_token_socket_on_a(pair: Pair) -> None:
+    name = fresh("u")
+    make_user(pair.rest_b, name, PASSWORD)
+    token = login(pair.b.base_url, name, PASSWORD)
+    with WsClient.with_token(pair.a.ws_url, token) as ws:
+        started = time.monotonic()
+        r = httpx.post(
+            f"{pair.b.base_url}/api/v1/auth/logout", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert r.status_code == 204
+        code, _ = ws.expect_close(6)
+        assert code == 4401
+        assert time.monotonic() - started <= 5.5
+
+
+def test_read_permission_withdrawn_on_b_cancels_on_a(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    name = fresh("u")
+    make_user(pair.rest_b, name, PASSWORD, read=".*")
+    with WsClient.as_user(pair.a.ws_url, name, PASSWORD) as ws:
+        ws.subscribe(q)
+        started = time.monotonic()
+        r = pair.rest_b.put(
+            f"/users/{name}",
+            json={"role": "user", "permissions": {"configure": "", "write": "", "read": ""}},
+        )
+        assert r.status_code == 200, r.text
+        frame = ws.expect("SUBSCRIPTION_CANCELLED", 6)
+        assert frame["reason"] == "forbidden"
+        assert frame["queue"] == q
+        assert time.monotonic() - started <= 5.5
+
+
+def test_a_stopped_process_releases_what_its_sockets_held(database: str) -> None:
+    """A stops (graceful shutdown) while its subscriber holds an unacked delivery: a subscriber
+    on B gets it — by the release on shutdown, or failing that the heartbeat/ack-timeout path."""
+    with ExitStack() as stack:
+        p = start_pair(stack, database, ack_timeout_check_interval_ms=200)
+        q = fresh()
+        declare_queue(p.rest_b, q, ack_timeout_seconds=10)
+        publish(p.rest_b, q, "held by A")
+        on_a = WsClient.admin(p.a.ws_url)
+        on_a.subscribe(q)
+        held = on_a.delivery()
+        with WsClient.admin(p.b.ws_url) as on_b:
+            on_b.subscribe(q)
+            assert on_b.quiet(0.2) == []
+            started = time.monotonic()
+            p.a.stop()
+            code, _ = on_a.expect_close(5)
+            print(f"A's socket closed with {code}")
+            assert code in (1001, 1012)
+            d = on_b.delivery(timeout=12)
+            elapsed = time.monotonic() - started
+            print(f"released to B {elapsed:.2f} s after A began to stop")
+            assert elapsed < 10  # the ack timeout (10 s) would be the slowest path
+            assert d["message_id"] == held["message_id"]
+            assert d["redelivered"] is True
+            assert d["delivery_count"] == 2
+            assert on_b.ack(d["delivery_tag"])["type"] == "ACKED"
+            # A left the process table and its subscription rows went with it
+            assert stats(p.rest_b, q)["consumers"] == 1
+
+
+def _sql(url: str, sql: str, *args: Any) -> Any:
+    import asyncio
+
+    import asyncpg
+
+    from tests.support import asyncpg_dsn
+
+    async def run() -> Any:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def test_a_crashed_process_is_reaped_and_its_deliveries_released(pair: Pair, database: str) -> None:
+    """A process that died without cleaning up (kill -9) is simulated by its rows: a
+    broker_processes row with a stale heartbeat, a subscription, and an in-flight delivery
+    owned by one of its connections. A live process reaps it and releases the delivery."""
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    publish(pair.rest_a, q, "held by the dead")
+    ghost, connection = str(uuid.uuid4()), str(uuid.uuid4())
+    _sql(
+        database,
+        "INSERT INTO broker_processes (id, hostname, pid, heartbeat_at)"
+        " VALUES ($1, 'ghost', 1, now() - interval '1 minute')",
+        ghost,
+    )
+    _sql(
+        database,
+        "INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)"
+        " SELECT $1, id, $2, 1 FROM queues WHERE name = $3",
+        connection,
+        ghost,
+        q,
+    )
+    rows = _sql(
+        database,
+        "UPDATE messages SET status = 'in_flight', delivery_count = 1, delivered_at = now(),"
+        " lease_expires_at = now() + interval '1 hour',"
+        " delivery_tag = id::text || '.' || repeat('a', 32),"
+        " owner_process = $1, owner_connection = $2"
+        " WHERE queue_id = (SELECT id FROM queues WHERE name = $3) RETURNING message_id",
+        ghost,
+        connection,
+        q,
+    )
+    assert len(rows) == 1
+    # a dead process's subscribers are not live consumers
+    assert stats(pair.rest_b, q)["consumers"] == 0
+    with WsClient.admin(pair.b.ws_url) as ws:
+        ws.subscribe(q)
+        started = time.monotonic()
+        d = ws.delivery(timeout=8)  # heartbeats run every 2 s
+        print(f"dead process reaped, delivery released after {time.monotonic() - started:.2f} s")
+        assert d["message_id"] == rows[0]["message_id"]
+        assert d["redelivered"] is True
+        assert d["delivery_count"] == 2
+    assert _sql(database, "SELECT 1 FROM broker_processes WHERE id = $1", ghost) == []
+    assert _sql(database, "SELECT 1 FROM subscriptions WHERE process_id = $1", ghost) == []
