@@ -123,7 +123,9 @@ class DeliveryEngine:
         owners = self.registry.connection_ids()
         for conn_id in owners:
             for sub in self.registry.of_connection(conn_id):
-                self.registry.remove(sub)
+                # Under the dispatch lock: no claim for this subscriber commits after release.
+                async with self.dispatcher.lock(sub.queue_id):
+                    self.registry.remove(sub)
         try:
             if owners:
                 await self.settlement.release_connections(owners)

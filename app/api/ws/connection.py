@@ -243,6 +243,10 @@ class WsConnection:
             self.error(exc, frame_id)
             self.close(4401, "authentication failed")
             return
+        except BrokerError as exc:  # the database is unreachable: try again later
+            self.error(exc, frame_id)
+            self.close(1013, "try again later")
+            return
         self.user = user
         self.opened()
         self.reply(frame_id, self.connected_frame())
