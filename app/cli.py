@@ -17,9 +17,8 @@ log = logging.getLogger("messagex")
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.main import create_app
+    from app.server import build_server
 
     overrides = {}
     if args.no_migrate:
@@ -31,18 +30,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else settings.port
     # uvicorn re-raises SIGTERM after its graceful shutdown: make that a clean exit (0).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_config=None,
-        access_log=False,
-        loop="auto",
-        http="auto",
-        ws="websockets-sansio",
-        ws_max_size=settings.ws_max_frame_bytes,
-        timeout_graceful_shutdown=10,
-    )
+    build_server(app, settings, host, port).run()
     return 0
 
 

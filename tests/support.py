@@ -23,6 +23,7 @@ import uvicorn
 
 from app.config import Settings, load_settings
 from app.main import create_app
+from app.server import build_server
 
 T = TypeVar("T")
 
@@ -205,19 +206,7 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
 def start_server(settings: Settings) -> LiveServer:
     app = create_app(settings)
     port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        log_level="warning",
-        access_log=False,
-        ws="websockets-sansio",
-        ws_max_size=settings.ws_max_frame_bytes,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
+    server = build_server(app, settings, "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     live = LiveServer(settings, server, thread, port)

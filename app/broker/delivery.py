@@ -97,6 +97,8 @@ class DeliveryEngine:
         self._outgoing = _Outgoing()
         self._outgoing_ready = asyncio.Event()
         self._token_digests: dict[str, bytes] = {}
+        self._all_closed = asyncio.Event()
+        self._releasing = 0
         self.started = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -115,6 +117,15 @@ class DeliveryEngine:
         spawn(every(RECONCILE_SECONDS, self._reconcile_all, "reconcile"), name="reconcile")
         spawn(every(LIVENESS_SECONDS, self._check_liveness, "liveness"), name="liveness")
         self.started = True
+
+    async def drain(self) -> None:
+        """Close local WebSockets with 1001 and wait until their handlers have released what
+        they held (each connection's own disconnect does it)."""
+        for outlet in list(self.registry.outlets.values()):
+            outlet.close(1001, "broker shutting down")
+        if self.registry.outlets or self._releasing:
+            self._all_closed.clear()
+            await self._all_closed.wait()
 
     async def stop(self) -> None:
         """Close local sockets (1001), release what they hold, leave the process table."""
@@ -145,17 +156,22 @@ class DeliveryEngine:
         self.metrics.connections.set(len(self.registry.outlets))
 
     async def disconnect(self, outlet: Outlet) -> None:
-        subs = self.registry.of_connection(outlet.id)
-        for sub in subs:
-            async with self.dispatcher.lock(sub.queue_id):
-                self.registry.remove(sub)
-        self.registry.remove_outlet(outlet.id)
-        self._token_digests.pop(outlet.id, None)
-        self.metrics.connections.set(len(self.registry.outlets))
-        self.metrics.subscriptions.set(self.registry.subscription_count())
-        async with self.db.transaction() as conn:
-            await deliveries.remove_connection(conn, outlet.id)
-        await self.settlement.release_connections([outlet.id])
+        self._releasing += 1
+        try:
+            for sub in self.registry.of_connection(outlet.id):
+                async with self.dispatcher.lock(sub.queue_id):
+                    self.registry.remove(sub)
+            self.registry.remove_outlet(outlet.id)
+            self._token_digests.pop(outlet.id, None)
+            self.metrics.connections.set(len(self.registry.outlets))
+            self.metrics.subscriptions.set(self.registry.subscription_count())
+            async with self.db.transaction() as conn:
+                await deliveries.remove_connection(conn, outlet.id)
+            await self.settlement.release_connections([outlet.id])
+        finally:
+            self._releasing -= 1
+            if not self.registry.outlets and not self._releasing:
+                self._all_closed.set()
 
     async def subscribe(self, outlet: Outlet, queue: str, prefetch: int) -> Subscription:
         """Register a subscription, inactive until ``activate`` (after SUBSCRIBED is queued)."""

@@ -1,0 +1,101 @@
+"""The benchmark harness end to end in smoke mode: it starts a broker of its own on a scratch
+database, runs every MessageX group with tiny counts (RabbitMQ skipped), prints a table and
+writes JSON whose scenarios carry positive rates and latencies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+THROUGHPUT_GROUPS = ("ceiling", "messagex")
+#: ceiling 3 batches x 2 connection counts; MessageX 2 publish modes x 3 prefetches x (ws, pull)
+EXPECTED_COUNTS = {"ceiling": 6, "messagex": 12}
+
+
+def run_smoke(out: Path) -> subprocess.CompletedProcess[str]:
+    # A generous per-scenario deadline: a loaded CI machine must not make the test flaky.
+    cmd = [sys.executable, "-m", "bench", "all", "--smoke", "--no-rabbitmq"]
+    cmd += ["--deadline", "60", "--json", str(out)]
+    url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
+    if url:
+        cmd += ["--database-url", url]
+    return subprocess.run(
+        cmd,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    proc = run_smoke(out)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def by_group(doc: dict[str, Any], group: str) -> list[dict[str, Any]]:
+    return [s for s in doc["scenarios"] if s["group"] == group]
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_measures_every_throughput_scenario(smoke: tuple[dict[str, Any], str]) -> None:
+    doc, _ = smoke
+    assert set(doc) == {"meta", "scenarios", "ratios"}
+    meta = doc["meta"]
+    assert meta["mode"] == "smoke"
+    assert meta["message_bytes"] == 1024
+    assert meta["rabbitmq"]["skipped"]
+    for group in THROUGHPUT_GROUPS:
+        scenarios = by_group(doc, group)
+        assert len(scenarios) == EXPECTED_COUNTS[group], [s["name"] for s in scenarios]
+        for s in scenarios:
+            assert s["status"] == "ok", s
+            assert s["messages"] == meta["count"], s
+            assert s["rate"] > 0, s
+            assert s["elapsed_s"] > 0, s
+            assert set(s["latency_ms"]) >= {"p50", "p95", "p99"}, s
+            assert 0 < s["latency_ms"]["p50"] <= s["latency_ms"]["p95"] <= s["latency_ms"]["p99"]
+            assert set(s["cpu_s_per_1k"]) == {"broker", "postgres", "client"}, s
+            # CPU times tick in 10 ms: one tiny scenario may read 0, a whole group may not.
+            assert all(v is not None and v >= 0 for v in s["cpu_s_per_1k"].values()), s
+        assert sum(s["cpu_s_per_1k"]["postgres"] for s in scenarios) > 0
+    assert sum(s["cpu_s_per_1k"]["broker"] for s in by_group(doc, "messagex")) > 0
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_reports_idle_backlog_ratios_and_a_table(
+    smoke: tuple[dict[str, Any], str],
+) -> None:
+    doc, stdout = smoke
+    (idle,) = by_group(doc, "idle")  # RabbitMQ skipped: MessageX only
+    assert idle["status"] == "ok"
+    assert idle["latency_ms"]["p50"] > 0
+    assert idle["latency_ms"]["n"] == doc["meta"]["idle_count"]
+    backlog = by_group(doc, "backlog")
+    sizes = {s["params"]["backlog"] for s in backlog}
+    assert sizes == set(doc["meta"]["backlog_sizes"])
+    assert 1_000_000 not in sizes  # off in smoke mode
+    assert {s["params"]["probe"] for s in backlog} == {"http-get", "sql-claim", "ws-delivery"}
+    assert {s["params"]["where"] for s in backlog} == {"none", "other", "same"}
+    for s in backlog:
+        assert s["status"] == "ok", s
+        assert s["latency_ms"]["p50"] > 0, s
+    baselines = {r["baseline"] for r in doc["ratios"]}
+    assert baselines == {"ceiling batch=1 connections=4", "ceiling batch=100 connections=4"}
+    for r in doc["ratios"]:
+        assert r["rate"] > 0, r
+    assert "ceiling batch=1 connections=1" in stdout
+    assert "mx ws publish=batch prefetch=100" in stdout
