@@ -13,6 +13,7 @@ from app.broker.services import build_services
 from app.config import Settings
 from app.storage import migrations
 from app.storage.database import Database, EmbeddedPostgres, create_engine, redacted
+from app.storage.fastpath import HotPath
 
 log = logging.getLogger("messagex")
 
@@ -39,7 +40,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool_timeout=settings.db_pool_timeout_seconds,
         statement_timeout_ms=settings.db_statement_timeout_ms,
     )
-    db = Database(engine)
+    hot = HotPath(
+        url,
+        size=settings.db_pool_size,
+        connect_timeout=settings.db_connect_timeout_seconds,
+        acquire_timeout=settings.db_pool_timeout_seconds,
+        statement_timeout_ms=settings.db_statement_timeout_ms,
+    )
+    db = Database(engine, hot)
     try:
         if settings.migrate_on_start:
             await migrations.upgrade(engine)

@@ -17,6 +17,11 @@ class Metrics:
             "Message rows stored (one per routed queue)",
             registry=r,
         )
+        self.publish_groups = Counter(
+            "messagex_publish_group_writes",
+            "Group-commit writes: one INSERT for the publish calls that arrived together",
+            registry=r,
+        )
         self.unroutable = Counter(
             "messagex_messages_unroutable", "Published messages that matched no queue", registry=r
         )

@@ -263,20 +263,19 @@ class DeliveryEngine:
         with self.hub.register(queue_id) as event:
             while True:
                 event.clear()
-                async with self.db.transaction() as conn:
-                    claimed = await deliveries.claim(
-                        conn,
-                        queue_id=queue_id,
-                        n=max_messages,
-                        lease_seconds=lease,
-                        process_id=self.process_id,
-                        owners=None,
-                        owner_user=user.username,
-                    )
-                    due = None
-                    remaining = deadline - loop.time()
-                    if not claimed and remaining > 0:
-                        due = await deliveries.seconds_until_due(conn, queue_id)
+                claimed = await deliveries.claim(
+                    self.db.hot,
+                    queue_id=queue_id,
+                    n=max_messages,
+                    lease_seconds=lease,
+                    process_id=self.process_id,
+                    owners=None,
+                    owner_user=user.username,
+                )
+                due = None
+                remaining = deadline - loop.time()
+                if not claimed and remaining > 0:
+                    due = await deliveries.seconds_until_due(self.db.hot, queue_id)
                 if claimed or remaining <= 0:
                     self.metrics.delivered.labels(via="pull").inc(len(claimed))
                     return claimed

@@ -94,20 +94,18 @@ class Dispatcher:
                 order = self.registry.round_robin(queue_id, MAX_CLAIM)
                 if not order:
                     return None
-                async with self.db.transaction() as conn:
-                    claimed = await deliveries.claim(
-                        conn,
-                        queue_id=queue_id,
-                        n=len(order),
-                        lease_seconds=order[0].lease_seconds,
-                        process_id=self.process_id,
-                        owners=[s.outlet.id for s in order],
-                        owner_user=None,
-                    )
+                claimed = await deliveries.claim(
+                    self.db.hot,
+                    queue_id=queue_id,
+                    n=len(order),
+                    lease_seconds=order[0].lease_seconds,
+                    process_id=self.process_id,
+                    owners=[s.outlet.id for s in order],
+                    owner_user=None,
+                )
                 self._hand_out(queue_id, order, claimed)
             if len(claimed) < len(order):
-                async with self.db.transaction() as conn:
-                    return await deliveries.seconds_until_due(conn, queue_id)
+                return await deliveries.seconds_until_due(self.db.hot, queue_id)
 
     def _hand_out(
         self, queue_id: int, order: list[Subscription], claimed: list[deliveries.Claimed]

@@ -1,23 +1,34 @@
-"""Route + persist in one transaction, then wake the dispatchers (contract §5, §7).
+"""Route + persist atomically, then wake the dispatchers (contract §5, §7).
 
-A publish call is batched from end to end, whether it carries one message or a thousand:
-one query loads the exchange with all its bindings, every message is routed in Python
-(``app.domain.routing``), and one INSERT stores every copy of every message. Nothing is
-stored unless everything is: an oversize body, an unroutable mandatory message or any
-database error fails the whole call.
+A publish call is batched from end to end, whether it carries one message or a thousand,
+and concurrent calls are grouped (group commit): one query loads the routes of every
+exchange the group publishes to, every message is routed in Python (``app.domain.routing``),
+and ONE INSERT — one statement, so one atomic commit without a transaction block — stores
+every copy of every message of the group. Nothing of a call is stored unless everything is:
+an oversize body, an unroutable mandatory message or a database error fails the whole call;
+a call that fails inside a group is retried alone so that it cannot fail the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from app.auth.permissions import Access, require
+from app.broker.tasks import TaskOwner
 from app.domain.model import ExchangeType, OutgoingMessage, PublishResult, User
 from app.domain.routing import BindingRule, route
-from app.errors import MessageTooLarge, NotFound, Unroutable
+from app.errors import (
+    BrokerError,
+    InternalError,
+    MessageTooLarge,
+    NotFound,
+    Unavailable,
+    Unroutable,
+)
 from app.metrics import Metrics
 from app.storage import messages as store
 from app.storage.database import Database
@@ -32,16 +43,32 @@ PublishedListener = Callable[[set[int]], None]
 #: collisions in a row would need a pathological declare/delete loop.
 _ATTEMPTS = 3
 
+#: at most this many publish calls share one group write
+GROUP_MAX = 256
+
 
 @dataclass(slots=True)
 class _Plan:
     """Routed messages of one call: rows to insert and what to answer."""
 
     messages: list[OutgoingMessage]
+    exchange: str = ""
     copies: list[tuple[int, int]] = field(default_factory=list)
     results: list[PublishResult] = field(default_factory=list)
     queue_ids: set[int] = field(default_factory=set)
     unroutable: int = 0
+
+
+@dataclass(slots=True)
+class _Request:
+    """One publish call waiting for its group write: to an exchange, or straight to a queue."""
+
+    exchange: str | None
+    queue: str | None
+    messages: list[OutgoingMessage]
+    future: asyncio.Future[list[PublishResult]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class _Router:
@@ -85,6 +112,9 @@ class Publisher:
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
         self._listeners: list[PublishedListener] = []
+        self._pending: list[_Request] = []
+        self._flushing = False
+        self.tasks = TaskOwner()
 
     def add_published_listener(self, callback: PublishedListener) -> None:
         """Call ``callback(queue_ids)`` after each commit that stored at least one copy.
@@ -99,24 +129,9 @@ class Publisher:
     async def publish(
         self, actor: User, exchange_name: str, messages: Sequence[OutgoingMessage]
     ) -> list[PublishResult]:
-        """Publish ``messages`` to an exchange in one transaction; results in order."""
+        """Publish ``messages`` to an exchange, atomically; results in order."""
         require(actor, Access.WRITE, exchange_name, "exchange")
-        prepared = self._prepare(messages)
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                async with self.db.transaction() as conn:
-                    routes = await store.load_exchange_routes(conn, exchange_name)
-                    if routes is None:
-                        raise NotFound(f"exchange '{exchange_name}' not found")
-                    plan = self._route(routes, prepared)
-                    await store.insert_messages(
-                        conn, exchange=exchange_name, messages=plan.messages, copies=plan.copies
-                    )
-                break
-            except store.QueueDeleted:
-                if attempt == _ATTEMPTS:
-                    raise
-        return self._committed(plan)
+        return await self._submit(_Request(exchange_name, None, self._prepare(messages)))
 
     async def publish_to_queue(
         self, actor: User, queue_name: str, messages: Sequence[OutgoingMessage]
@@ -125,25 +140,123 @@ class Publisher:
         the queue's name, no routing. A missing queue is 404."""
         require(actor, Access.WRITE, queue_name, "queue")
         prepared = [replace(m, routing_key=queue_name) for m in self._prepare(messages)]
-        for attempt in range(1, _ATTEMPTS + 1):
+        return await self._submit(_Request(None, queue_name, prepared))
+
+    async def close(self) -> None:
+        await self.tasks.close()
+
+    # ------------------------------------------------------------------------- group commit
+
+    async def _submit(self, request: _Request) -> list[PublishResult]:
+        """Queue the request for the next group write and wait for its own outcome.
+
+        Requests that arrive while a group is being written share the next one: one read of
+        the routes and one INSERT (one commit) for all of them. Each is answered only after
+        that commit. When idle, a request is written at once: grouping adds no latency.
+        """
+        self._pending.append(request)
+        if not self._flushing:
+            self._flushing = True
+            self.tasks.spawn(self._flush(), name="publish-group")
+        return await request.future
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                group, self._pending = self._pending[:GROUP_MAX], self._pending[GROUP_MAX:]
+                await self._write_group(group)
+        finally:
+            self._flushing = False
+
+    async def _write_group(self, group: list[_Request], attempt: int = 1) -> None:
+        try:
+            plans = await self._plan_group(group)
+            written = [(r, p) for r, p in zip(group, plans, strict=True) if isinstance(p, _Plan)]
+            await self._insert([p for _, p in written])
+            self.metrics.publish_groups.inc()
+        except Unavailable as exc:
+            _fail(group, exc)
+            return
+        except BrokerError as exc:
+            if len(group) > 1:
+                # One request's problem must not fail the others: write each on its own.
+                for request in group:
+                    await self._write_group([request])
+            elif isinstance(exc, store.QueueDeleted) and attempt < _ATTEMPTS:
+                await self._write_group(group, attempt + 1)
+            elif isinstance(exc, store.QueueDeleted) and group[0].queue is not None:
+                _fail(group, NotFound(f"queue '{group[0].queue}' not found"))
+            else:
+                _fail(group, exc)
+            return
+        except Exception:
+            log.exception("publish group write failed")
+            _fail(group, InternalError())
+            return
+        queue_ids: set[int] = set()
+        for request, plan in zip(group, plans, strict=True):
+            if isinstance(plan, _Plan):
+                queue_ids |= plan.queue_ids
+                request.future.set_result(self._committed(plan))
+            elif not request.future.done():
+                request.future.set_exception(plan)
+        self._notify(queue_ids)
+
+    async def _plan_group(self, group: list[_Request]) -> list[_Plan | BrokerError]:
+        """Route every request against one snapshot of the routes (two reads at most, run
+        side by side); a request that cannot be routed gets its error, the others go on."""
+        exchanges = sorted({r.exchange for r in group if r.exchange is not None})
+        queues = sorted({r.queue for r in group if r.queue is not None})
+        routes: dict[str, store.ExchangeRoutes] = {}
+        queue_ids: dict[str, int] = {}
+        if exchanges and queues:
+            routes, queue_ids = await asyncio.gather(
+                store.load_routes(self.db.hot, exchanges),
+                store.find_queue_ids(self.db.hot, queues),
+            )
+        elif exchanges:
+            routes = await store.load_routes(self.db.hot, exchanges)
+        elif queues:
+            queue_ids = await store.find_queue_ids(self.db.hot, queues)
+        plans: list[_Plan | BrokerError] = []
+        for request in group:
             try:
-                async with self.db.transaction() as conn:
-                    queue_id = await store.find_queue_id(conn, queue_name)
-                    if queue_id is None:
-                        raise NotFound(f"queue '{queue_name}' not found")
-                    plan = _Plan(prepared)
-                    for index, message in enumerate(prepared):
-                        plan.copies.append((index, queue_id))
-                        plan.results.append(PublishResult(True, [queue_name], message.message_id))
-                    plan.queue_ids.add(queue_id)
-                    await store.insert_messages(
-                        conn, exchange="", messages=plan.messages, copies=plan.copies
-                    )
-                break
-            except store.QueueDeleted:
-                if attempt == _ATTEMPTS:
-                    raise NotFound(f"queue '{queue_name}' not found") from None
-        return self._committed(plan)
+                plans.append(self._plan_one(request, routes, queue_ids))
+            except BrokerError as exc:
+                plans.append(exc)
+        return plans
+
+    def _plan_one(
+        self,
+        request: _Request,
+        routes: dict[str, store.ExchangeRoutes],
+        queue_ids: dict[str, int],
+    ) -> _Plan:
+        if request.exchange is not None:
+            found = routes.get(request.exchange)
+            if found is None:
+                raise NotFound(f"exchange '{request.exchange}' not found")
+            return self._route(found, request.messages, request.exchange)
+        assert request.queue is not None
+        queue_id = queue_ids.get(request.queue)
+        if queue_id is None:
+            raise NotFound(f"queue '{request.queue}' not found")
+        plan = _Plan(request.messages, exchange="")
+        for index, message in enumerate(request.messages):
+            plan.copies.append((index, queue_id))
+            plan.results.append(PublishResult(True, [request.queue], message.message_id))
+        plan.queue_ids.add(queue_id)
+        return plan
+
+    async def _insert(self, plans: list[_Plan]) -> None:
+        """ONE statement for every copy of every message of the group."""
+        messages: list[tuple[str, OutgoingMessage]] = []
+        copies: list[tuple[int, int]] = []
+        for plan in plans:
+            offset = len(messages)
+            messages.extend((plan.exchange, m) for m in plan.messages)
+            copies.extend((offset + index, queue_id) for index, queue_id in plan.copies)
+        await store.insert_copies(self.db.hot, messages, copies)
 
     # ------------------------------------------------------------------------- steps
 
@@ -169,10 +282,12 @@ class Publisher:
             prepared.append(replace(message, message_id=message_id, properties=properties))
         return prepared
 
-    def _route(self, routes: store.ExchangeRoutes, messages: list[OutgoingMessage]) -> _Plan:
+    def _route(
+        self, routes: store.ExchangeRoutes, messages: list[OutgoingMessage], exchange: str
+    ) -> _Plan:
         """Route every message; raise Unroutable for a mandatory message with no queue."""
         router = _Router(routes)
-        plan = _Plan(messages)
+        plan = _Plan(messages, exchange=exchange)
         for index, message in enumerate(messages):
             queues = router(message)
             if not queues:
@@ -196,10 +311,19 @@ class Publisher:
             self.metrics.routed_copies.inc(len(plan.copies))
         if plan.unroutable:
             self.metrics.unroutable.inc(plan.unroutable)
-        if plan.queue_ids:
-            for listener in self._listeners:
-                try:
-                    listener(set(plan.queue_ids))
-                except Exception:
-                    log.exception("a published listener failed")
         return plan.results
+
+    def _notify(self, queue_ids: set[int]) -> None:
+        if not queue_ids:
+            return
+        for listener in self._listeners:
+            try:
+                listener(set(queue_ids))
+            except Exception:
+                log.exception("a published listener failed")
+
+
+def _fail(group: list[_Request], exc: BaseException) -> None:
+    for request in group:
+        if not request.future.done():
+            request.future.set_exception(exc)

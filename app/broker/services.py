@@ -52,6 +52,7 @@ class Services:
 
     async def stop(self) -> None:
         await self.delivery.stop()
+        await self.publisher.close()
 
 
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:

@@ -87,10 +87,9 @@ class Settlement:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    async with self.db.transaction() as conn:
-                        done = await deliveries.ack_many(
-                            conn, [(p.id, p.tag, p.owner) for p in batch]
-                        )
+                    done = await deliveries.ack_many(
+                        self.db.hot, [(p.id, p.tag, p.owner) for p in batch]
+                    )
                 except Exception as exc:
                     for p in batch:
                         if not p.future.done():
@@ -108,10 +107,9 @@ class Settlement:
         message_id = parse_tag(tag)
         if message_id is None:
             raise UnknownDeliveryTag()
-        async with self.db.transaction() as conn:
-            queue_id = await deliveries.ack_pull(
-                conn, id=message_id, tag=tag, owner_user=owner_user
-            )
+        queue_id = await deliveries.ack_pull(
+            self.db.hot, id=message_id, tag=tag, owner_user=owner_user
+        )
         if queue_id is None:
             raise UnknownDeliveryTag()
         self.metrics.acked.inc()

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.errors import BrokerError, InternalError, Unavailable
+from app.storage.fastpath import HotPath
 
 log = logging.getLogger("messagex.storage")
 
@@ -159,10 +160,14 @@ async def guard() -> AsyncIterator[None]:
 
 
 class Database:
-    """The engine and the two ways to use it: a transaction, or one autocommit statement."""
+    """The engine and the two ways to use it (a transaction, or one autocommit statement),
+    plus ``hot``: the asyncpg executor of the hot path (publish, claim, ack)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, hot: HotPath | None = None) -> None:
         self.engine = engine
+        self.hot = hot or HotPath(
+            engine.url.render_as_string(hide_password=False), size=engine.pool.size()  # type: ignore[attr-defined]
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -182,6 +187,7 @@ class Database:
             return await fn(conn, *args, **kwargs)
 
     async def dispose(self) -> None:
+        await self.hot.close()
         await self.engine.dispose()
 
 

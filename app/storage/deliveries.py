@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.model import Delivery
 from app.domain.retry import Outcome, decide, with_death
+from app.storage.fastpath import HotPath, Statement
 
 # -- claim ----------------------------------------------------------------------------------
 
@@ -69,8 +70,12 @@ FROM messages WHERE queue_id = :queue_id AND status = 'ready'
 Claimed = Delivery
 
 
+_CLAIM = Statement(CLAIM)
+_NEXT_DUE = Statement(NEXT_DUE)
+
+
 async def claim(
-    conn: AsyncConnection,
+    hot: HotPath,
     *,
     queue_id: int,
     n: int,
@@ -79,23 +84,22 @@ async def claim(
     owners: Sequence[str] | None,
     owner_user: str | None,
 ) -> list[Claimed]:
-    result = await conn.execute(
-        CLAIM,
+    rows = await hot.fetch(
+        _CLAIM,
         {
             "queue_id": queue_id,
             "n": n,
-            "lease_seconds": lease_seconds,
+            "lease_seconds": float(lease_seconds),
             "process_id": process_id,
             "owners": list(owners) if owners is not None else None,
             "owner_user": owner_user,
         },
     )
-    rows = sorted(result.all(), key=lambda r: r[0])
-    return [Claimed(r[0] - 1, *r[1:]) for r in rows]
+    return [Claimed(r[0] - 1, *r[1:]) for r in sorted(rows, key=lambda r: r[0])]
 
 
-async def seconds_until_due(conn: AsyncConnection, queue_id: int) -> float | None:
-    value = (await conn.execute(NEXT_DUE, {"queue_id": queue_id})).scalar()
+async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
+    value = await hot.fetchval(_NEXT_DUE, {"queue_id": queue_id})
     return None if value is None else float(value)
 
 
@@ -124,26 +128,27 @@ RETURNING queue_id
 """)
 
 
-async def ack_many(
-    conn: AsyncConnection, items: Sequence[tuple[int, str, str]]
-) -> list[tuple[int, int]]:
+_ACK_MANY = Statement(ACK_MANY)
+_ACK_PULL = Statement(ACK_PULL)
+
+
+async def ack_many(hot: HotPath, items: Sequence[tuple[int, str, str]]) -> list[tuple[int, int]]:
     """Delete in-flight rows by (id, tag, owner connection); returns (id, queue_id) deleted."""
     if not items:
         return []
-    result = await conn.execute(
-        ACK_MANY,
+    rows = await hot.fetch(
+        _ACK_MANY,
         {
             "ids": [i[0] for i in items],
             "tags": [i[1] for i in items],
             "owners": [i[2] for i in items],
         },
     )
-    return [(r[0], r[1]) for r in result.all()]
+    return [(r[0], r[1]) for r in rows]
 
 
-async def ack_pull(conn: AsyncConnection, *, id: int, tag: str, owner_user: str) -> int | None:
-    result = await conn.execute(ACK_PULL, {"id": id, "tag": tag, "owner_user": owner_user})
-    value = result.scalar()
+async def ack_pull(hot: HotPath, *, id: int, tag: str, owner_user: str) -> int | None:
+    value = await hot.fetchval(_ACK_PULL, {"id": id, "tag": tag, "owner_user": owner_user})
     return None if value is None else int(value)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import orjson
 from sqlalchemy import CursorResult, TextClause, text
 from sqlalchemy import exc as sa_exc
@@ -21,6 +22,7 @@ from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, Stored
 from app.domain.routing import BindingRule
 from app.errors import NotFound
 from app.storage.database import constraint_of
+from app.storage.fastpath import HotPath, Statement, constraint_name
 
 _FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"
 
@@ -53,41 +55,48 @@ async def _run(
 # key check fail, and the publisher retries with a fresh read (see QueueDeleted).
 # Ordered by binding id so that routing, and so the "queues" list, is deterministic.
 LOAD_ROUTES = text("""
-SELECT e.type, q.id, q.name, b.routing_key, b.arguments
+SELECT e.name, e.type, q.id, q.name, b.routing_key, b.arguments
 FROM exchanges AS e
 LEFT JOIN (bindings AS b JOIN queues AS q ON q.id = b.queue_id) ON b.exchange_id = e.id
-WHERE e.name = :name
-ORDER BY b.id
+WHERE e.name = ANY(CAST(:names AS text[]))
+ORDER BY e.name, b.id
 """)
 
-# Direct-to-queue publish: the queue's id, if it exists. Same reasoning as LOAD_ROUTES.
-FIND_QUEUE = text("SELECT id FROM queues WHERE name = :name")
+# Direct-to-queue publishes: the queues' ids, for those that exist. Same reasoning.
+FIND_QUEUES = text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS text[]))")
 
-# Every copy of every message of one publish call in ONE statement. Each message's columns
-# travel once (arrays indexed by message), and :copy_msg/:copy_queue list the copies as
-# (1-based message index, queue id) pairs; the join fans them out. A large body routed to
-# many queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids
-# follow batch order within each queue (ids come from the sequence as rows are inserted,
-# above the sorted subquery), so consumers see a batch in publish order. available_at uses
-# the database clock. The foreign key check takes KEY SHARE on each target queue row, so a
-# concurrent queue delete either waits for this commit (and then deletes the copies with
-# the queue) or has already won (FK violation: QueueDeleted, nothing stored).
+# Every copy of every message of a publish group in ONE statement (one commit, so one WAL
+# flush for all the requests that arrived together). Each message's columns travel once
+# (arrays indexed by message), and :copy_msg/:copy_queue list the copies as (1-based
+# message index, queue id) pairs; the join fans them out. A large body routed to many
+# queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids follow
+# publish order within each queue (ids come from the sequence as rows are inserted, above
+# the sorted subquery), so consumers see a batch in publish order. available_at uses the
+# database clock. One statement is atomic on its own: no transaction block around it. The
+# foreign key check takes KEY SHARE on each target queue row, so a concurrent queue delete
+# either waits for this commit (and then deletes the copies with the queue) or has already
+# won (FK violation: QueueDeleted, nothing stored).
 INSERT_COPIES = text("""
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
                       body, "binary", available_at)
-SELECT c.queue_id, m.message_id, CAST(:exchange AS text), m.routing_key, m.headers::jsonb,
+SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
        m.properties::jsonb, m.body, m.is_binary,
        now() + m.delay_ms * interval '1 millisecond'
 FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
          WITH ORDINALITY AS c(msg, queue_id, ord)
-JOIN unnest(CAST(:message_id AS text[]), CAST(:routing_key AS text[]),
-            CAST(:headers AS text[]), CAST(:properties AS text[]), CAST(:body AS bytea[]),
+JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
+            CAST(:routing_key AS text[]), CAST(:headers AS text[]),
+            CAST(:properties AS text[]), CAST(:body AS bytea[]),
             CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
-         WITH ORDINALITY AS m(message_id, routing_key, headers, properties, body, is_binary,
-                              delay_ms, ord)
+         WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
+                              is_binary, delay_ms, ord)
     ON m.ord = c.msg
 ORDER BY c.ord
 """)
+
+_LOAD_ROUTES = Statement(LOAD_ROUTES)
+_FIND_QUEUES = Statement(FIND_QUEUES)
+_INSERT_COPIES = Statement(INSERT_COPIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +108,24 @@ class ExchangeRoutes:
     queue_ids: dict[str, int]
 
 
-async def load_exchange_routes(conn: AsyncConnection, name: str) -> ExchangeRoutes | None:
-    """The exchange's type and bindings, or None when there is no such exchange."""
-    rows = (await _run(conn, LOAD_ROUTES, {"name": name})).all()
-    if not rows:
-        return None
-    bindings: list[BindingRule] = []
-    queue_ids: dict[str, int] = {}
-    for _type, queue_id, queue_name, routing_key, arguments in rows:
+async def load_routes(hot: HotPath, names: Sequence[str]) -> dict[str, ExchangeRoutes]:
+    """Type and bindings of each named exchange that exists, in one round trip."""
+    rows = await hot.fetch(_LOAD_ROUTES, {"names": list(names)})
+    routes: dict[str, ExchangeRoutes] = {}
+    for name, type_, queue_id, queue_name, routing_key, arguments in rows:
+        found = routes.get(name)
+        if found is None:
+            found = routes[name] = ExchangeRoutes(ExchangeType(type_), [], {})
         if queue_id is None:  # the exchange has no bindings
             continue
-        bindings.append(BindingRule(queue_name, routing_key, arguments))
-        queue_ids[queue_name] = queue_id
-    return ExchangeRoutes(ExchangeType(rows[0][0]), bindings, queue_ids)
+        found.bindings.append(BindingRule(queue_name, routing_key, arguments))
+        found.queue_ids[queue_name] = queue_id
+    return routes
 
 
-async def find_queue_id(conn: AsyncConnection, name: str) -> int | None:
-    queue_id: int | None = (await _run(conn, FIND_QUEUE, {"name": name})).scalar()
-    return queue_id
+async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
+    rows = await hot.fetch(_FIND_QUEUES, {"names": list(names)})
+    return {str(r[0]): int(r[1]) for r in rows}
 
 
 def _json_text(value: Any) -> str:
@@ -127,33 +136,38 @@ def _json_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-async def insert_messages(
-    conn: AsyncConnection,
-    *,
-    exchange: str,
-    messages: Sequence[OutgoingMessage],
+async def insert_copies(
+    hot: HotPath,
+    messages: Sequence[tuple[str, OutgoingMessage]],
     copies: Sequence[tuple[int, int]],
 ) -> None:
     """Insert one row per ``(message index, queue id)`` in ``copies``, in that order.
 
-    ``messages`` carry their final ``message_id`` and ``properties``. Raises QueueDeleted
-    when a target queue no longer exists (the caller's transaction is then unusable).
+    ``messages`` are (exchange, message) pairs whose messages carry their final
+    ``message_id`` and ``properties``. Raises QueueDeleted (nothing stored) when a target
+    queue no longer exists.
     """
     if not copies:
         return
     params = {
-        "exchange": exchange,
         "copy_msg": [index + 1 for index, _ in copies],
         "copy_queue": [queue_id for _, queue_id in copies],
-        "message_id": [m.message_id for m in messages],
-        "routing_key": [m.routing_key for m in messages],
-        "headers": [_json_text(m.headers) if m.headers else "{}" for m in messages],
-        "properties": [_json_text(m.properties) for m in messages],
-        "body": [m.body for m in messages],
-        "is_binary": [m.binary for m in messages],
-        "delay_ms": [m.delay_ms for m in messages],
+        "exchange": [e for e, _ in messages],
+        "message_id": [m.message_id for _, m in messages],
+        "routing_key": [m.routing_key for _, m in messages],
+        "headers": [_json_text(m.headers) if m.headers else "{}" for _, m in messages],
+        "properties": [_json_text(m.properties) for _, m in messages],
+        "body": [m.body for _, m in messages],
+        "is_binary": [m.binary for _, m in messages],
+        "delay_ms": [m.delay_ms for _, m in messages],
     }
-    await _run(conn, INSERT_COPIES, params)
+    async with hot.connection() as conn:
+        try:
+            await conn.execute(_INSERT_COPIES.sql, *_INSERT_COPIES.args(params))
+        except asyncpg.ForeignKeyViolationError as exc:
+            if constraint_name(exc) == _FK_MESSAGES_QUEUE:
+                raise QueueDeleted() from None
+            raise
 
 
 # ----------------------------------------------------------------------------- browse

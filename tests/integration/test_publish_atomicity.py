@@ -197,10 +197,7 @@ async def test_direct_publish_to_a_queue_deleted_mid_publish_is_404(
 
 async def test_insert_into_a_missing_queue_is_queue_deleted(db: Database) -> None:
     with pytest.raises(store.QueueDeleted):
-        async with db.transaction() as conn:
-            await store.insert_messages(
-                conn, exchange="x", messages=[message(message_id="m")], copies=[(0, 999_999)]
-            )
+        await store.insert_copies(db.hot, [("x", message(message_id="m"))], [(0, 999_999)])
 
 
 async def test_a_listener_that_fails_does_not_fail_the_publish(db: Database, topology: str) -> None:
