@@ -4,6 +4,8 @@ writes JSON whose scenarios carry positive rates and latencies."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -11,7 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+
+from bench.infra import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,30 +25,53 @@ THROUGHPUT_GROUPS = ("ceiling", "messagex")
 EXPECTED_COUNTS = {"ceiling": 6, "messagex": 12}
 
 
-def run_smoke(out: Path) -> subprocess.CompletedProcess[str]:
-    # A generous per-scenario deadline: a loaded CI machine must not make the test flaky.
-    cmd = [sys.executable, "-m", "bench", "all", "--smoke", "--no-rabbitmq"]
+def run_smoke(out: Path) -> tuple[int, str, str]:
+    # A generous per-scenario deadline so that a loaded machine does not make the test flaky,
+    # and --fail-fast so that a broken broker costs one deadline, not one per scenario.
+    cmd = [sys.executable, "-m", "bench", "all", "--smoke", "--no-rabbitmq", "--fail-fast"]
     cmd += ["--deadline", "60", "--json", str(out)]
     url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
     if url:
         cmd += ["--database-url", url]
-    return subprocess.run(
+    with subprocess.Popen(
         cmd,
-        check=False,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
-    )
+        text=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the broker it started gets SIGTERM (PR_SET_PDEATHSIG)
+            stdout, stderr = proc.communicate()
+            drop_database(url, f"mx_bench_{proc.pid}")
+            pytest.fail(f"the smoke run did not finish in 240 s:\n{stderr[-6000:]}")
+        return proc.returncode, stdout, stderr
+
+
+def drop_database(url: str | None, name: str) -> None:
+    """What a killed run leaves behind (a normal run drops its database itself)."""
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(url or DEFAULT_DATABASE_URL, timeout=5)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    # Best effort: the server may have been an embedded one that is gone with the run.
+    with contextlib.suppress(Exception):
+        asyncio.run(drop())
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("bench") / "smoke.json"
-    proc = run_smoke(out)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads(out.read_text()), proc.stdout
+    code, stdout, stderr = run_smoke(out)
+    assert code == 0, stdout[-4000:] + stderr[-4000:]
+    return json.loads(out.read_text()), stdout
 
 
 def by_group(doc: dict[str, Any], group: str) -> list[dict[str, Any]]:

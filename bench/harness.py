@@ -1,0 +1,367 @@
+"""The command line and the run: provision, run the chosen groups, tear down, report.
+
+``python -m bench all`` runs, in this order: the raw-SQL ceiling, MessageX end to end
+(WebSocket and HTTP pull), RabbitMQ, idle latency, backlog behaviour. Every scenario is
+bounded by a hard deadline and every target is on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import backlog, ceiling, mx, rabbit, report
+from bench.infra import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_RABBITMQ_URL,
+    ROOT,
+    BrokerProcess,
+    Meters,
+    Postgres,
+    beam_sample,
+    postgres_sample,
+    self_sample,
+    tree_sample,
+)
+from bench.stats import MESSAGE_BYTES, BenchError, Result
+
+GROUPS = ("ceiling", "messagex", "rabbitmq", "idle", "backlog")
+NEEDS_BROKER = {"ceiling", "messagex", "idle", "backlog"}
+NEEDS_RABBITMQ = {"rabbitmq", "idle"}
+
+CEILING_BATCHES = (1, 10, 100)
+CEILING_CONNECTIONS = (1, 4)
+PUBLISH_MODES = ("single", "batch")
+PREFETCHES = (1, 10, 100)
+
+#: (full, smoke) defaults
+DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "count": (2000, 60),
+    "deadline": (120.0, 10.0),
+    "idle_count": (500, 50),
+    "probes": (200, 10),
+    "backlog_sizes": ([0, 100_000, 1_000_000], [0, 2_000]),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="MessageX vs the raw-SQL ceiling vs RabbitMQ, in one run (loopback only).",
+    )
+    p.add_argument("group", nargs="?", default="all", choices=("all", *GROUPS))
+    p.add_argument("--smoke", action="store_true", help="tiny counts, 10 s deadlines, no 1 M")
+    p.add_argument("--count", type=int, help="messages per throughput scenario (2000; smoke 60)")
+    p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    p.add_argument("--database-url", default=DEFAULT_DATABASE_URL, help="a loopback PostgreSQL")
+    p.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL, help="a loopback RabbitMQ")
+    p.add_argument("--no-rabbitmq", action="store_true", help="skip every RabbitMQ scenario")
+    p.add_argument(
+        "--backlog-1m",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="include the 1 M-message backlog (default: on in full mode, off in smoke mode)",
+    )
+    p.add_argument("--publishers", type=int, default=4, help="concurrent publishers (4)")
+    p.add_argument("--consumers", type=int, default=2, help="consumers per scenario (2)")
+    p.add_argument("--deadline", type=float, help="hard limit per scenario, s (120; smoke 10)")
+    p.add_argument("--idle-count", type=int, help="messages in the idle test (500; smoke 50)")
+    p.add_argument("--probes", type=int, help="claims per backlog probe (200; smoke 10)")
+    p.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first scenario that is not ok"
+    )
+    return p
+
+
+@dataclass
+class Config:
+    groups: list[str]
+    smoke: bool
+    count: int
+    deadline: float
+    idle_count: int
+    probes: int
+    backlog_sizes: list[int]
+    publishers: int
+    consumers: int
+    database_url: str
+    rabbitmq_url: str
+    no_rabbitmq: bool
+    json_path: Path
+    fail_fast: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Config:
+        pick = 1 if args.smoke else 0
+
+        def value(name: str) -> Any:
+            given = getattr(args, name, None)
+            return DEFAULTS[name][pick] if given is None else given
+
+        sizes = list(value("backlog_sizes"))
+        with_1m = (not args.smoke) if args.backlog_1m is None else args.backlog_1m
+        if not with_1m:
+            sizes = [n for n in sizes if n < 1_000_000]
+        elif 1_000_000 not in sizes:
+            sizes.append(1_000_000)
+        if value("count") < 1 or args.publishers < 1 or args.consumers < 1:
+            raise BenchError("--count, --publishers and --consumers must be at least 1")
+        return cls(
+            groups=list(GROUPS) if args.group == "all" else [args.group],
+            smoke=args.smoke,
+            count=value("count"),
+            deadline=value("deadline"),
+            idle_count=value("idle_count"),
+            probes=value("probes"),
+            backlog_sizes=sizes,
+            publishers=args.publishers,
+            consumers=args.consumers,
+            database_url=args.database_url,
+            rabbitmq_url=args.rabbitmq_url,
+            no_rabbitmq=args.no_rabbitmq,
+            json_path=args.json,
+            fail_fast=args.fail_fast,
+        )
+
+
+@dataclass
+class Run:
+    """One run's state: what it started (to tear down) and what it measured."""
+
+    cfg: Config
+    pg: Postgres | None = None
+    broker: BrokerProcess | None = None
+    client: mx.Mx | None = None
+    rabbit_skipped: str | None = None
+    results: list[Result] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- meters -----------------------------------------------------------------------------
+
+    def mx_meters(self) -> Meters:
+        samplers: dict[str, Callable[[], dict[int, float]]] = {}
+        if self.broker is not None and self.broker.pid is not None:
+            pid = self.broker.pid
+            samplers["broker"] = lambda: tree_sample(pid)
+        if self.pg is not None and self.pg.info.get("postmaster_pid"):
+            postmaster, dbname = self.pg.info["postmaster_pid"], self.pg.dbname
+            samplers["postgres"] = lambda: postgres_sample(postmaster, dbname)
+        samplers["client"] = self_sample
+        return Meters(samplers)
+
+    def rabbit_meters(self) -> Meters:
+        return Meters({"rabbitmq": beam_sample, "client": self_sample})
+
+    def mx_settings(self) -> mx.Settings:
+        assert self.client is not None
+        c = self.cfg
+        return mx.Settings(
+            self.client, self.mx_meters(), c.count, c.publishers, c.consumers, c.deadline
+        )
+
+    def rabbit_settings(self) -> rabbit.Settings:
+        c = self.cfg
+        return rabbit.Settings(
+            c.rabbitmq_url, self.rabbit_meters(), c.count, c.publishers, c.consumers, c.deadline
+        )
+
+    # -- running scenarios ------------------------------------------------------------------
+
+    async def scenario(self, group: str, name: str, work: Awaitable[Any]) -> None:
+        """Run one scenario (or a batch of them); a failure is recorded, not fatal."""
+        print(f"… {name}", file=sys.stderr, flush=True)
+        if self.broker is not None and not self.broker.running():
+            work.close()  # type: ignore[attr-defined]
+            self.results.append(Result(group, name, {}, status="error", note="broker died"))
+            return
+        started = time.monotonic()
+        try:
+            outcome = await work
+        except Exception as exc:
+            detail = str(exc) or type(exc).__name__
+            if not isinstance(exc, BenchError):
+                traceback.print_exc(file=sys.stderr)
+            self.results.append(Result(group, name, {}, status="error", note=detail[:500]))
+        else:
+            wall = round(time.monotonic() - started, 2)
+            print(f"  done in {wall} s", file=sys.stderr, flush=True)
+            for result in outcome if isinstance(outcome, list) else [outcome]:
+                result.extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                result.extra.setdefault("wall_s", wall)
+                self.results.append(result)
+        failed = [r for r in self.results if r.status != "ok"]
+        if self.cfg.fail_fast and failed:
+            raise BenchError(f"--fail-fast: {failed[0].name} is {failed[0].status}")
+
+    async def run_ceiling(self) -> None:
+        assert self.pg is not None
+        c = self.cfg
+        settings = ceiling.Settings(self.pg.url, self.mx_meters(), c.count, c.deadline)
+        for conns in CEILING_CONNECTIONS:
+            for batch in CEILING_BATCHES:
+                name = f"ceiling batch={batch} connections={conns}"
+                await self.scenario("ceiling", name, ceiling.run(settings, batch, conns))
+
+    async def run_messagex(self) -> None:
+        settings = self.mx_settings()
+        for mode in PUBLISH_MODES:
+            for prefetch in PREFETCHES:
+                name = f"mx ws publish={mode} prefetch={prefetch}"
+                await self.scenario("messagex", name, mx.ws_throughput(settings, mode, prefetch))
+        for mode in PUBLISH_MODES:
+            for max_messages in PREFETCHES:
+                name = f"mx pull publish={mode} max_messages={max_messages}"
+                work = mx.pull_throughput(settings, mode, max_messages)
+                await self.scenario("messagex", name, work)
+
+    async def run_rabbitmq(self) -> None:
+        if self.rabbit_skipped:
+            return
+        settings = self.rabbit_settings()
+        for mode in PUBLISH_MODES:
+            for prefetch in PREFETCHES:
+                name = f"rabbitmq publish={mode} prefetch={prefetch}"
+                await self.scenario("rabbitmq", name, rabbit.throughput(settings, mode, prefetch))
+
+    async def run_idle(self) -> None:
+        n = self.cfg.idle_count
+        await self.scenario("idle", "mx idle", mx.idle_latency(self.mx_settings(), n))
+        if not self.rabbit_skipped:
+            work = rabbit.idle_latency(self.rabbit_settings(), n)
+            await self.scenario("idle", "rabbitmq idle", work)
+
+    async def run_backlog(self) -> None:
+        assert self.pg is not None
+        settings = backlog.Settings(
+            self.mx_settings(), self.pg.url, self.cfg.backlog_sizes, self.cfg.probes
+        )
+        await self.scenario("backlog", "backlog", backlog.run(settings))
+
+    # -- the whole run ----------------------------------------------------------------------
+
+    async def provision(self) -> None:
+        c = self.cfg
+        if NEEDS_BROKER & set(c.groups):
+            self.pg = await Postgres.provide(c.database_url)
+            stale = await self.pg.drop_stale("mx_bench_")
+            if stale:
+                print(f"dropped databases of killed runs: {', '.join(stale)}", file=sys.stderr)
+            await self.pg.create_database(f"mx_bench_{os.getpid()}")
+            self.broker = BrokerProcess(self.pg.url)
+            await self.broker.start()
+            self.client = mx.Mx(
+                self.broker.base_url, self.broker.ws_url, self.broker.user, self.broker.password
+            )
+            await self.client.setup()
+        if NEEDS_RABBITMQ & set(c.groups):
+            if c.no_rabbitmq:
+                self.rabbit_skipped = "--no-rabbitmq given"
+            else:
+                self.rabbit_skipped = await rabbit.unavailable(c.rabbitmq_url)
+            if self.rabbit_skipped:
+                print(f"RabbitMQ scenarios skipped: {self.rabbit_skipped}", file=sys.stderr)
+
+    async def teardown(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.broker is not None:
+            await self.broker.stop()
+            self.broker.cleanup()
+        if self.pg is not None:
+            try:
+                await self.pg.drop_database()
+            finally:
+                await asyncio.to_thread(self.pg.stop)
+
+    async def execute(self) -> None:
+        runners = {
+            "ceiling": self.run_ceiling,
+            "messagex": self.run_messagex,
+            "rabbitmq": self.run_rabbitmq,
+            "idle": self.run_idle,
+            "backlog": self.run_backlog,
+        }
+        started = time.monotonic()
+        try:
+            await self.provision()
+            self.meta.update(self.describe())
+            for group in self.cfg.groups:
+                await runners[group]()
+        finally:
+            await self.teardown()
+            if self.meta:
+                self.meta["elapsed_s"] = round(time.monotonic() - started, 1)
+                self.meta["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["python -m bench", *sys.argv[1:]]),
+            "mode": "smoke" if c.smoke else "full",
+            "groups": c.groups,
+            "count": c.count,
+            "message_bytes": MESSAGE_BYTES,
+            "publishers": c.publishers,
+            "consumers": c.consumers,
+            "publish_batch": mx.BATCH,
+            "deadline_s": c.deadline,
+            "idle_count": c.idle_count,
+            "backlog_sizes": c.backlog_sizes,
+            "backlog_probes": c.probes,
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            },
+            "postgres": self.pg.info if self.pg else None,
+            "broker": {"pid": self.broker.pid, "url": self.broker.base_url}
+            if self.broker
+            else None,
+            "rabbitmq": {"url_host": "127.0.0.1", "skipped": self.rabbit_skipped},
+            "cpu_accounting": (
+                "CPU seconds (user+system, /proc/<pid>/stat via psutil) per 1,000 messages, "
+                "sampled before and after each scenario. broker: the messagex serve process "
+                "tree. postgres: backends of the bench database plus the shared background "
+                "processes (checkpointer, WAL writer, autovacuum, ...). rabbitmq: beam.smp. "
+                "client: this harness (load generator; shares the machine)."
+            ),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cfg = Config.from_args(args)
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    run = Run(cfg)
+    code = 0
+    try:
+        asyncio.run(run.execute())
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        code = 130
+    if run.meta:
+        ratio_rows = report.ratios(run.results)
+        print(report.table(run.meta, run.results, ratio_rows))
+        report.write_json(cfg.json_path, run.meta, run.results, ratio_rows)
+        print(f"\nJSON written to {cfg.json_path}", file=sys.stderr)
+    if code == 0 and any(r.status != "ok" for r in run.results):
+        code = 1
+    return code

@@ -1,0 +1,339 @@
+"""MessageX end to end: HTTP publish → WebSocket consumers or HTTP pull, and idle latency."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.infra import Meters
+from bench.stats import (
+    BenchError,
+    Result,
+    Sink,
+    cancel_all,
+    chunks,
+    failure,
+    latency_summary,
+    make_body,
+    now_ns,
+    pace_check,
+    race,
+    shares,
+    throughput_result,
+)
+
+JSON = {"content-type": "application/json"}
+#: the direct exchange every bench queue is bound to (routing key = queue name)
+EXCHANGE = "bench.direct"
+#: messages per publish-batch request
+BATCH = 100
+#: pull acks in flight at once per pull consumer (there is no batch ack; SQS deletes by 10)
+ACK_CONCURRENCY = 10
+
+_names = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 1_000_000}"
+
+
+@dataclass
+class Mx:
+    """An HTTP client for /api/v1 and WebSocket consumers, authenticated with HTTP Basic."""
+
+    base_url: str
+    ws_url: str
+    user: str
+    password: str
+    http: httpx.AsyncClient = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        self.authorization = f"Basic {token}"
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url + "/api/v1",
+            headers={"authorization": self.authorization},
+            limits=httpx.Limits(max_connections=128, max_keepalive_connections=128),
+            timeout=httpx.Timeout(30.0),
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def call(self, method: str, path: str, body: Any = None, ok: int = 200) -> Any:
+        content = None if body is None else orjson.dumps(body)
+        response = await self.http.request(method, path, content=content, headers=JSON)
+        if response.status_code not in (ok, 201, 204):
+            raise BenchError(f"{method} {path} → {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else None
+
+    async def setup(self) -> None:
+        await self.call("PUT", f"/exchanges/{EXCHANGE}", {"type": "direct"})
+
+    async def declare_queue(self, name: str) -> None:
+        await self.call("PUT", f"/queues/{name}", {})
+        body = {"exchange": EXCHANGE, "queue": name, "routing_key": name}
+        await self.call("POST", "/bindings", body)
+
+    async def delete_queue(self, name: str) -> None:
+        with contextlib.suppress(BenchError, httpx.HTTPError):
+            await self.call("DELETE", f"/queues/{name}")
+
+    async def stats(self, name: str) -> dict[str, int]:
+        queue = await self.call("GET", f"/queues/{name}")
+        stats: dict[str, int] = queue["stats"]
+        return stats
+
+    async def wait_drained(self, name: str, within: float) -> bool:
+        """Poll until the queue holds nothing ready or in flight (all acks committed)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            stats = await self.stats(name)
+            if stats["ready"] == 0 and stats["in_flight"] == 0 and stats["delayed"] == 0:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    # -- publishing -------------------------------------------------------------------------
+
+    async def publish_one(self, queue: str, seq: int) -> None:
+        content = b'{"body":' + make_body(seq) + b"}"
+        response = await self.http.post(f"/queues/{queue}/messages", content=content, headers=JSON)
+        if response.status_code != 200:
+            raise BenchError(f"publish → {response.status_code}: {response.text[:300]}")
+
+    async def publish_batch(self, queue: str, seqs: Sequence[int]) -> None:
+        key = b'{"routing_key":"' + queue.encode() + b'","body":'
+        items = b",".join(key + make_body(seq) + b"}" for seq in seqs)
+        response = await self.http.post(
+            f"/exchanges/{EXCHANGE}/publish-batch",
+            content=b'{"messages":[' + items + b"]}",
+            headers=JSON,
+        )
+        if response.status_code != 200:
+            raise BenchError(f"publish-batch → {response.status_code}: {response.text[:300]}")
+
+    async def publisher(self, queue: str, seqs: range, mode: str) -> None:
+        if mode == "single":
+            for seq in seqs:
+                await self.publish_one(queue, seq)
+        else:
+            for chunk in chunks(seqs, BATCH):
+                await self.publish_batch(queue, chunk)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    async def subscribe(self, queue: str, prefetch: int) -> ClientConnection:
+        ws = await connect(
+            self.ws_url,
+            additional_headers={"Authorization": self.authorization},
+            compression=None,
+            max_size=None,
+            open_timeout=10,
+        )
+        try:
+            hello = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+            if hello.get("type") != "CONNECTED":
+                raise BenchError(f"expected CONNECTED, got {hello}")
+            frame = {"type": "SUBSCRIBE", "queue": queue, "prefetch": prefetch}
+            await ws.send(orjson.dumps(frame).decode())
+            reply = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+            if reply.get("type") != "SUBSCRIBED":
+                raise BenchError(f"expected SUBSCRIBED, got {reply}")
+        except BaseException:
+            await ws.close()
+            raise
+        return ws
+
+    @staticmethod
+    async def ws_consumer(ws: ClientConnection, sink: Sink) -> None:
+        """Receive deliveries and ack each one (no frame id: the broker sends no reply)."""
+        async for raw in ws:
+            received = now_ns()
+            frame = orjson.loads(raw)
+            if frame.get("type") != "MESSAGE_DELIVERED":
+                if frame.get("type") == "ERROR":
+                    raise BenchError(f"broker sent {frame}")
+                continue
+            body = frame["body"]
+            sink.record(body["seq"], body["ts"], received)
+            await ws.send(f'{{"type":"ACK","delivery_tag":"{frame["delivery_tag"]}"}}')
+
+    async def pull_consumer(self, queue: str, max_messages: int, sink: Sink) -> None:
+        """POST /queues/{q}/get, then ack every delivery (up to ACK_CONCURRENCY at once)."""
+        request = orjson.dumps({"max_messages": max_messages, "wait_ms": 200})
+        room = asyncio.Semaphore(ACK_CONCURRENCY)
+
+        async def ack(tag: str) -> httpx.Response:
+            async with room:
+                return await self.http.post(f"/deliveries/{tag}/ack")
+
+        while not sink.done.is_set():
+            response = await self.http.post(f"/queues/{queue}/get", content=request, headers=JSON)
+            received = now_ns()
+            if response.status_code != 200:
+                raise BenchError(f"get → {response.status_code}: {response.text[:300]}")
+            messages = orjson.loads(response.content)["messages"]
+            for m in messages:
+                sink.record(m["body"]["seq"], m["body"]["ts"], received)
+            acks = await asyncio.gather(*(ack(m["delivery_tag"]) for m in messages))
+            for answer in acks:
+                if answer.status_code != 204:
+                    raise BenchError(f"ack → {answer.status_code}: {answer.text[:300]}")
+
+
+@dataclass
+class Settings:
+    """What every MessageX scenario shares."""
+
+    mx: Mx
+    meters: Meters
+    count: int
+    publishers: int
+    consumers: int
+    deadline: float
+
+
+async def _finish(
+    s: Settings, queue: str, status: str, tasks: list[asyncio.Task[Any]], sink: Sink
+) -> tuple[str, str]:
+    """Wait until every ack is committed (consumers still running), stop the load, read the
+    meters."""
+    note = ""
+    if status == "ok" and not await s.mx.wait_drained(queue, within=min(s.deadline, 15)):
+        note = f"queue not drained after the run {failure(tasks)}".rstrip()
+    await cancel_all(tasks)
+    s.meters.stop()
+    return status, note
+
+
+async def ws_throughput(s: Settings, mode: str, prefetch: int) -> Result:
+    """HTTP publish (single or batches of 100) → WebSocket consumers that ack every message."""
+    queue = unique(f"ws-{mode}-p{prefetch}")
+    params = {
+        "transport": "websocket",
+        "publish": mode,
+        "prefetch": prefetch,
+        "publishers": s.publishers,
+        "consumers": s.consumers,
+    }
+    name = f"mx ws publish={mode} prefetch={prefetch}"
+    await s.mx.declare_queue(queue)
+    sockets: list[ClientConnection] = []
+    tasks: list[asyncio.Task[Any]] = []
+    sink = Sink(s.count)
+    try:
+        for _ in range(s.consumers):
+            sockets.append(await s.mx.subscribe(queue, prefetch))
+        s.meters.start()
+        started = now_ns()
+        tasks += [asyncio.create_task(s.mx.ws_consumer(ws, sink)) for ws in sockets]
+        tasks += [
+            asyncio.create_task(s.mx.publisher(queue, seqs, mode))
+            for seqs in shares(s.count, s.publishers)
+        ]
+        status = await race(sink.done, tasks, s.deadline)
+        status, note = await _finish(s, queue, status, tasks, sink)
+        result = throughput_result("messagex", name, params, sink, started, status)
+        result.cpu_s_per_1k = s.meters.per_1k(sink.received)
+        result.note = note
+        return result
+    finally:
+        await cancel_all(tasks)
+        for ws in sockets:
+            await ws.close()
+        await s.mx.delete_queue(queue)
+
+
+async def pull_throughput(s: Settings, mode: str, max_messages: int) -> Result:
+    """HTTP publish → HTTP pull (get up to max_messages, then ack each over HTTP)."""
+    queue = unique(f"pull-{mode}-m{max_messages}")
+    params = {
+        "transport": "http-pull",
+        "publish": mode,
+        "max_messages": max_messages,
+        "publishers": s.publishers,
+        "consumers": s.consumers,
+    }
+    name = f"mx pull publish={mode} max_messages={max_messages}"
+    await s.mx.declare_queue(queue)
+    sink = Sink(s.count)
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        s.meters.start()
+        started = now_ns()
+        tasks += [
+            asyncio.create_task(s.mx.pull_consumer(queue, max_messages, sink))
+            for _ in range(s.consumers)
+        ]
+        tasks += [
+            asyncio.create_task(s.mx.publisher(queue, seqs, mode))
+            for seqs in shares(s.count, s.publishers)
+        ]
+        status = await race(sink.done, tasks, s.deadline)
+        status, note = await _finish(s, queue, status, tasks, sink)
+        result = throughput_result("messagex", name, params, sink, started, status)
+        result.cpu_s_per_1k = s.meters.per_1k(sink.received)
+        result.note = note
+        return result
+    finally:
+        await cancel_all(tasks)
+        await s.mx.delete_queue(queue)
+
+
+async def paced(count: int, interval: float, send: Any) -> list[int]:
+    """Call ``send(i)`` every ``interval`` seconds, ``count`` times; returns each call's ns."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    durations: list[int] = []
+    for i in range(count):
+        delay = start + i * interval - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t0 = now_ns()
+        await send(i)
+        durations.append(now_ns() - t0)
+    return durations
+
+
+async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Result:
+    """One message every 10 ms to a subscribed consumer (prefetch 1)."""
+    queue = unique("idle")
+    await s.mx.declare_queue(queue)
+    sink = Sink(count)
+    params = {"interval_ms": interval * 1000, "prefetch": 1, "publish": "single"}
+    ws = await s.mx.subscribe(queue, 1)
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        s.meters.start()
+        started = now_ns()
+        consumer = asyncio.create_task(s.mx.ws_consumer(ws, sink))
+        publisher = asyncio.create_task(
+            paced(count, interval, lambda i: s.mx.publish_one(queue, i))
+        )
+        tasks += [consumer, publisher]
+        status = await race(sink.done, [consumer, publisher], s.deadline + count * interval)
+        confirms = publisher.result() if publisher.done() and not publisher.cancelled() else []
+        status, note = await _finish(s, queue, status, [consumer, publisher], sink)
+        result = throughput_result("idle", "mx idle 1 msg/10 ms", params, sink, started, status)
+        result.rate = None
+        result.cpu_s_per_1k = s.meters.per_1k(sink.received)
+        result.extra["publish_confirm_ms"] = latency_summary(confirms)
+        trend, growth = pace_check(sink.latencies_ns, interval)
+        result.extra.update(trend)
+        result.note = f"{note} {growth}".strip()
+        return result
+    finally:
+        await cancel_all(tasks)
+        await ws.close()
+        await s.mx.delete_queue(queue)

@@ -1,0 +1,162 @@
+"""Ratios computed from one run's results, the printed table, and the JSON document."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench.mx import BATCH
+from bench.stats import Result
+
+#: the ceiling a MessageX scenario is held against: same publish batch, 4 connections
+CEILING_CONNECTIONS = 4
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 3)
+
+
+def _lat(result: Result, key: str) -> float | None:
+    return (result.latency_ms or {}).get(key)
+
+
+def _server_cpu(result: Result) -> float | None:
+    """CPU per 1,000 messages of everything on the server side of a scenario."""
+    cpu = result.cpu_s_per_1k
+    if "rabbitmq" in cpu:
+        return cpu["rabbitmq"]
+    broker, postgres = cpu.get("broker"), cpu.get("postgres")
+    if broker is None or postgres is None:
+        return None
+    return round(broker + postgres, 4)
+
+
+def compare(mine: Result, base: Result, cpu: str = "server") -> dict[str, Any]:
+    """MessageX / baseline: rate (higher is better), latency and CPU (lower is better)."""
+    if cpu == "postgres":
+        cpu_ratio = _ratio(mine.cpu_s_per_1k.get("postgres"), base.cpu_s_per_1k.get("postgres"))
+    else:
+        cpu_ratio = _ratio(_server_cpu(mine), _server_cpu(base))
+    return {
+        "messagex": mine.name,
+        "baseline": base.name,
+        "rate": _ratio(mine.rate, base.rate),
+        "p50": _ratio(_lat(mine, "p50"), _lat(base, "p50")),
+        "p99": _ratio(_lat(mine, "p99"), _lat(base, "p99")),
+        "cpu_per_1k": cpu_ratio,
+        "cpu_basis": "broker+postgres vs rabbitmq" if cpu == "server" else "postgres vs postgres",
+    }
+
+
+def ratios(results: Iterable[Result]) -> list[dict[str, Any]]:
+    ok = [r for r in results if r.status == "ok"]
+    rabbit = {(r.params["publish"], r.params["prefetch"]): r for r in ok if r.group == "rabbitmq"}
+    ceilings = {(r.params["batch"], r.params["connections"]): r for r in ok if r.group == "ceiling"}
+    out: list[dict[str, Any]] = []
+    for r in ok:
+        if r.group != "messagex":
+            continue
+        mode = r.params["publish"]
+        if r.params["transport"] == "websocket" and (mode, r.params["prefetch"]) in rabbit:
+            out.append(compare(r, rabbit[(mode, r.params["prefetch"])]))
+        ceiling = ceilings.get((1 if mode == "single" else BATCH, CEILING_CONNECTIONS))
+        if ceiling is not None:
+            out.append(compare(r, ceiling, cpu="postgres"))
+    idle = {r.name.split()[0]: r for r in ok if r.group == "idle"}
+    if "mx" in idle and "rabbitmq" in idle:
+        out.append(compare(idle["mx"], idle["rabbitmq"]))
+    return out
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+THROUGHPUT_HEADER = (
+    f"{'scenario':<44} {'status':<10} {'msgs':>6} {'msg/s':>8} {'p50 ms':>8} {'p95 ms':>8} "
+    f"{'p99 ms':>8} {'broker':>7} {'pg':>7} {'rabbit':>7} {'client':>7}"
+)
+
+
+def _throughput_row(r: Result) -> str:
+    cpu = r.cpu_s_per_1k
+    cells = [_fmt(cpu.get(k), ".3f") for k in ("broker", "postgres", "rabbitmq", "client")]
+    lat = r.latency_ms or {}
+    return (
+        f"{r.name:<44} {r.status:<10} {r.messages:>6} {_fmt(r.rate):>8} "
+        f"{_fmt(lat.get('p50'), '.2f'):>8} {_fmt(lat.get('p95'), '.2f'):>8} "
+        f"{_fmt(lat.get('p99'), '.2f'):>8} " + " ".join(f"{c:>7}" for c in cells)
+    )
+
+
+def _backlog_row(r: Result) -> str:
+    lat = r.latency_ms or {}
+    return (
+        f"{r.name:<44} {r.status:<10} {r.messages:>6} {_fmt(lat.get('p50'), '.2f'):>8} "
+        f"{_fmt(lat.get('p95'), '.2f'):>8} {_fmt(lat.get('p99'), '.2f'):>8} "
+        f"{_fmt(r.extra.get('fill_s'), '.1f'):>8}"
+    )
+
+
+def _ratio_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['messagex']:<44} {r['baseline']:<40} {_fmt(r['rate'], '.3f'):>7} "
+        f"{_fmt(r['p50'], '.2f'):>7} {_fmt(r['p99'], '.2f'):>7} "
+        f"{_fmt(r['cpu_per_1k'], '.2f'):>7}"
+    )
+
+
+def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"MessageX benchmark — mode {meta['mode']}, {meta['count']} messages of "
+        f"{meta['message_bytes']} B per throughput scenario, {meta['publishers']} publishers, "
+        f"{meta['consumers']} consumers; {meta['machine']['cpu_count']} CPUs, load average "
+        f"{meta['machine']['loadavg_start']} at start",
+        "msg/s: first publish → last delivery; latency: publish → delivery; CPU columns: "
+        "CPU seconds per 1,000 messages",
+    ]
+    throughput = [r for r in results if r.group in ("ceiling", "messagex", "rabbitmq", "idle")]
+    if throughput:
+        lines += ["", THROUGHPUT_HEADER, "-" * len(THROUGHPUT_HEADER)]
+        lines += [_throughput_row(r) for r in throughput]
+    backlog = [r for r in results if r.group == "backlog"]
+    if backlog:
+        header = (
+            f"{'backlog probe (claim latency)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} "
+            f"{'p95 ms':>8} {'p99 ms':>8} {'fill s':>8}"
+        )
+        lines += ["", header, "-" * len(header)]
+        lines += [_backlog_row(r) for r in backlog]
+    if ratio_rows:
+        header = (
+            f"{'MessageX scenario':<44} {'/ baseline':<40} {'rate':>7} {'p50':>7} {'p99':>7} "
+            f"{'cpu':>7}"
+        )
+        lines += ["", header, "-" * len(header)]
+        lines += [_ratio_row(r) for r in ratio_rows]
+    problems = [r for r in results if r.status != "ok" or r.note]
+    if problems:
+        lines += [""] + [f"! {r.name}: {r.status} {r.note}".rstrip() for r in problems]
+    rabbit = meta.get("rabbitmq") or {}
+    if rabbit.get("skipped"):
+        lines += ["", f"RabbitMQ scenarios skipped: {rabbit['skipped']}"]
+    return "\n".join(lines)
+
+
+def write_json(
+    path: Path, meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str, Any]]
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "meta": meta,
+        "scenarios": [r.to_json() for r in results],
+        "ratios": ratio_rows,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
