@@ -18,16 +18,19 @@ log = logging.getLogger("messagex")
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from app.main import create_app
-    from app.server import build_server
+    from app.server import build_server, run_workers
 
     overrides = {}
     if args.no_migrate:
         overrides["migrate_on_start"] = False
     if overrides:
         settings = settings.model_copy(update=overrides)
-    app = create_app(settings)
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
+    workers = args.workers if args.workers is not None else settings.workers
+    if workers > 1:
+        return run_workers(settings, host, port, workers)
+    app = create_app(settings)
     # uvicorn re-raises SIGTERM after its graceful shutdown: make that a clean exit (0).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     build_server(app, settings, host, port).run()
@@ -82,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default MESSAGEX_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default MESSAGEX_PORT or 8000)")
     serve.add_argument("--no-migrate", action="store_true", help="do not migrate at start-up")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="broker processes sharing the port (default MESSAGEX_WORKERS or 1)",
+    )
     serve.set_defaults(func=_serve)
     migrate = sub.add_parser("migrate", help="migrate the database to the latest schema")
     migrate.add_argument("--revision", default="head")

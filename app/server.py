@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 
 import uvicorn
@@ -26,6 +27,23 @@ class BrokerServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self.broker_app = app
+        app.state.abort_connection = self.abort_connection
+
+    def abort_connection(self, client: tuple[str, int] | None) -> bool:
+        """Drop a client's TCP connection at once, discarding unsent data.
+
+        For a WebSocket peer that stopped reading: a graceful close (the app returning, or
+        ``websocket.close``) waits for the write buffer to drain, which never happens, so the
+        socket would stay open for as long as the peer keeps its window shut.
+        """
+        if client is None:
+            return False
+        for protocol in list(self.server_state.connections):
+            transport = getattr(protocol, "transport", None)
+            if getattr(protocol, "client", None) == tuple(client) and transport is not None:
+                transport.abort()
+                return True
+        return False
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services = getattr(self.broker_app.state, "services", None)
@@ -60,3 +78,89 @@ def build_server(
     app: FastAPI, settings: Settings, host: str, port: int, log_level: str | None = None
 ) -> BrokerServer:
     return BrokerServer(server_config(app, settings, host, port, log_level), app)
+
+
+def run_workers(settings: Settings, host: str, port: int, workers: int) -> int:
+    """Several broker processes sharing one listening socket (the way past one core).
+
+    The parent starts the embedded PostgreSQL when there is no ``DATABASE_URL`` and migrates
+    once; each worker is a whole broker (its own pools, dispatchers and heartbeat), exactly
+    as if it ran on another machine against the same database. A worker that dies is
+    replaced; SIGTERM or SIGINT stops them all, each closing its WebSockets gracefully.
+    """
+    from app.storage.database import EmbeddedPostgres
+
+    embedded = None
+    url = settings.database_url
+    if url is None:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        url = embedded.start()
+        log.info("started embedded PostgreSQL in %s", settings.data_dir / "pgdata")
+    try:
+        if settings.migrate_on_start:
+            asyncio.run(_migrate(url))
+        child = settings.model_copy(update={"database_url": url, "migrate_on_start": False})
+        return _supervise(child, host, port, workers)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+async def _migrate(url: str) -> None:
+    from app.storage import migrations
+    from app.storage.database import create_engine
+
+    engine = create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        await migrations.upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+def _supervise(settings: Settings, host: str, port: int, workers: int) -> int:
+    import multiprocessing
+    import signal
+    from multiprocessing.connection import wait
+
+    sock = socket.create_server((host, port), reuse_port=False, backlog=2048)
+    sock.set_inheritable(True)
+    ctx = multiprocessing.get_context("spawn")
+    stopping = False
+
+    def spawn() -> multiprocessing.process.BaseProcess:
+        proc = ctx.Process(target=_worker, args=(settings, sock, host, port), name="messagex")
+        proc.start()
+        return proc
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs = [spawn() for _ in range(workers)]
+    log.info("serving on http://%s:%d with %d worker processes", host, port, workers)
+    while not stopping:
+        wait([p.sentinel for p in procs], timeout=0.5)
+        for i, proc in enumerate(procs):
+            if not proc.is_alive() and not stopping:
+                log.warning("worker %s exited with %s; starting another", proc.pid, proc.exitcode)
+                procs[i] = spawn()
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        proc.join(timeout=DRAIN_SECONDS + 15)
+        if proc.is_alive():
+            proc.kill()
+    sock.close()
+    return 0
+
+
+def _worker(settings: Settings, sock: socket.socket, host: str, port: int) -> None:
+    from app import logs
+    from app.main import create_app
+
+    logs.configure(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    build_server(app, settings, host, port).run(sockets=[sock])

@@ -15,7 +15,7 @@ _bearer = HTTPBearer(auto_error=False, description="Session token from POST /aut
 _basic = HTTPBasic(auto_error=False, description="Username and password")
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 

@@ -25,11 +25,23 @@ def route_template(scope: Scope) -> str:
     own pattern matches; our prefixes are static text, so no raw value reaches a label.
     """
     route: Any = scope.get("route")
+    cached = _TEMPLATES.get(id(route)) if route is not None else None
+    if cached is not None and cached[0] is route:
+        return cached[1]
     template = getattr(route, "path_format", None) or getattr(route, "path", None)
     if not isinstance(template, str):
         return UNMATCHED
+    full = _full_template(route, template, scope.get("path", ""))
+    _TEMPLATES[id(route)] = (route, full)  # prefixes are static: one answer per route
+    return full
+
+
+#: route → its full template (the route is kept alive by the app; stored to check identity)
+_TEMPLATES: dict[int, tuple[Any, str]] = {}
+
+
+def _full_template(route: Any, template: str, path: str) -> str:
     regex = getattr(route, "path_regex", None)
-    path: str = scope.get("path", "")
     if regex is None or regex.match(path):
         return template
     for i, char in enumerate(path):

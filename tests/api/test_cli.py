@@ -191,3 +191,50 @@ def test_help_exits_zero(argv: list[str]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "usage: messagex" in result.stdout
+
+
+def test_serve_with_two_workers_shares_the_port_and_stops_cleanly(
+    database_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = _base_env(
+        DATABASE_URL=database_url,
+        MESSAGEX_ADMIN_USER="admin",
+        MESSAGEX_ADMIN_PASSWORD="workers-secret",
+        MESSAGEX_LOG_FORMAT="text",
+    )
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(MESSAGEX), "serve", "--port", str(port), "--workers", "2"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(proc, f"{base}/readyz", log)
+
+        async def live_processes() -> int:
+            conn = await asyncpg.connect(asyncpg_dsn(database_url))
+            try:
+                return int(await conn.fetchval("SELECT count(*) FROM broker_processes"))
+            finally:
+                await conn.close()
+
+        wait_for(lambda: asyncio.run(live_processes()) == 2, timeout=30, message="2 workers")
+        auth = ("admin", "workers-secret")
+        with httpx.Client(base_url=f"{base}/api/v1", auth=auth, timeout=10) as c:
+            assert c.put("/queues/w", json={}).status_code == 201
+            for i in range(20):  # new connections: the kernel spreads them over the workers
+                assert c.post("/queues/w/messages", json={"body": i}).status_code == 200
+            got = c.post("/queues/w/get", json={"max_messages": 100}).json()["messages"]
+            assert sorted(m["body"] for m in got) == list(range(20))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        assert asyncio.run(live_processes()) == 0  # each worker left the heartbeat table
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
