@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     db_pool_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_statement_timeout_ms: Annotated[int, Field(ge=0)] = 30_000
     migrate_on_start: bool = True
+    #: at most this many concurrent publish calls share one INSERT (group commit); 1 = none
+    publish_group_max: Annotated[int, Field(ge=1, le=1000)] = 256
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);

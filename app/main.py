@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.api import problems
+from app.api import problems, ui
 from app.api.limits import BodyLimitMiddleware
 from app.api.observability import HttpMetricsMiddleware
 from app.api.rest import (
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)
     app.include_router(ops.api_router, prefix=API_PREFIX)
+    ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
     return app

@@ -73,6 +73,14 @@ def parser() -> argparse.ArgumentParser:
         help="include the 1 M-message backlog (default: on in full mode, off in smoke mode)",
     )
     p.add_argument("--publishers", type=int, default=4, help="concurrent publishers (4)")
+    p.add_argument("--workers", type=int, default=1, help="broker processes (messagex serve)")
+    p.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the broker, e.g. MESSAGEX_PUBLISH_GROUP_MAX=1",
+    )
     p.add_argument("--consumers", type=int, default=2, help="consumers per scenario (2)")
     p.add_argument("--deadline", type=float, help="hard limit per scenario, s (120; smoke 10)")
     p.add_argument("--idle-count", type=int, help="messages in the idle test (500; smoke 50)")
@@ -99,6 +107,8 @@ class Config:
     no_rabbitmq: bool
     json_path: Path
     fail_fast: bool = False
+    workers: int = 1
+    broker_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -131,6 +141,8 @@ class Config:
             no_rabbitmq=args.no_rabbitmq,
             json_path=args.json,
             fail_fast=args.fail_fast,
+            workers=args.workers,
+            broker_env=dict(kv.split("=", 1) for kv in args.broker_env),
         )
 
 
@@ -257,7 +269,11 @@ class Run:
             if stale:
                 print(f"dropped databases of killed runs: {', '.join(stale)}", file=sys.stderr)
             await self.pg.create_database(f"mx_bench_{os.getpid()}")
-            self.broker = BrokerProcess(self.pg.url)
+            self.broker = BrokerProcess(
+                self.pg.url,
+                workers=c.workers,
+                extra_env=c.broker_env,
+            )
             await self.broker.start()
             self.client = mx.Mx(
                 self.broker.base_url, self.broker.ws_url, self.broker.user, self.broker.password
@@ -313,6 +329,8 @@ class Run:
             "count": c.count,
             "message_bytes": MESSAGE_BYTES,
             "publishers": c.publishers,
+            "workers": c.workers,
+            "broker_env": c.broker_env,
             "consumers": c.consumers,
             "publish_batch": mx.BATCH,
             "deadline_s": c.deadline,

@@ -204,6 +204,8 @@ class BrokerProcess:
     user: str = "bench"
     password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     port: int = 0
+    workers: int = 1
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: asyncio.subprocess.Process | None = None
     log_path: Path = field(
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="mx-bench-")) / "broker.log"
@@ -227,7 +229,16 @@ class BrokerProcess:
     def command(self) -> list[str]:
         script = Path(sys.executable).with_name("messagex")
         head = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
-        return [*head, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        return [
+            *head,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+        ]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGEX_")}
@@ -239,6 +250,7 @@ class BrokerProcess:
             MESSAGEX_LOG_FORMAT="text",
             MESSAGEX_DATA_DIR=str(self.log_path.parent / "data"),
         )
+        env.update(self.extra_env)
         return env
 
     async def start(self, within: float = 60.0) -> None:

@@ -43,7 +43,7 @@ PublishedListener = Callable[[set[int]], None]
 #: collisions in a row would need a pathological declare/delete loop.
 _ATTEMPTS = 3
 
-#: at most this many publish calls share one group write
+#: at most this many publish calls share one group write (MESSAGEX_PUBLISH_GROUP_MAX)
 GROUP_MAX = 256
 
 
@@ -107,13 +107,21 @@ def _where(index: int, total: int) -> str:
 
 
 class Publisher:
-    def __init__(self, db: Database, metrics: Metrics, *, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        metrics: Metrics,
+        *,
+        max_message_bytes: int,
+        group_max: int = GROUP_MAX,
+    ) -> None:
         self.db = db
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
         self._listeners: list[PublishedListener] = []
         self._pending: list[_Request] = []
         self._flushing = False
+        self.group_max = group_max
         self.tasks = TaskOwner()
 
     def add_published_listener(self, callback: PublishedListener) -> None:
@@ -163,7 +171,8 @@ class Publisher:
     async def _flush(self) -> None:
         try:
             while self._pending:
-                group, self._pending = self._pending[:GROUP_MAX], self._pending[GROUP_MAX:]
+                size = self.group_max
+                group, self._pending = self._pending[:size], self._pending[size:]
                 await self._write_group(group)
         finally:
             self._flushing = False

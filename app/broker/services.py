@@ -63,7 +63,12 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         metrics=metrics,
         auth=AuthService(db, settings, metrics),
         topology=TopologyService(db),
-        publisher=Publisher(db, metrics, max_message_bytes=settings.max_message_bytes),
+        publisher=Publisher(
+            db,
+            metrics,
+            max_message_bytes=settings.max_message_bytes,
+            group_max=settings.publish_group_max,
+        ),
         browser=MessageBrowser(db),
         ops=OverviewService(db),
         delivery=DeliveryEngine(db, settings, metrics, database_url),

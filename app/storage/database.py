@@ -166,7 +166,8 @@ class Database:
     def __init__(self, engine: AsyncEngine, hot: HotPath | None = None) -> None:
         self.engine = engine
         self.hot = hot or HotPath(
-            engine.url.render_as_string(hide_password=False), size=engine.pool.size()  # type: ignore[attr-defined]
+            engine.url.render_as_string(hide_password=False),
+            size=engine.pool.size(),  # type: ignore[attr-defined]
         )
 
     @asynccontextmanager

@@ -147,8 +147,12 @@ class HotPath:
                 log.warning("database unavailable: %s", type(exc).__name__)
                 raise Unavailable() from None
             if isinstance(exc, asyncpg.PostgresError):
-                log.error("database error %s (sqlstate %s, constraint %s)",
-                          type(exc).__name__, exc.sqlstate, constraint_name(exc))
+                log.error(
+                    "database error %s (sqlstate %s, constraint %s)",
+                    type(exc).__name__,
+                    exc.sqlstate,
+                    constraint_name(exc),
+                )
                 raise InternalError() from None
             raise
 

@@ -45,6 +45,8 @@ class PermissionsModel(StrictModel):
     @field_validator("configure", "write", "read")
     @classmethod
     def _valid_pattern(cls, value: str) -> str:
+        if "\x00" in value:  # PostgreSQL text cannot hold it
+            raise ValueError("must not contain NUL (\\u0000) characters")
         problem = check_pattern(value)
         if problem is not None:
             raise ValueError(problem)

@@ -19,15 +19,16 @@ MAX_ROUTING_KEY_LENGTH = 255
 
 
 def _storable(value: Any) -> None:
-    """Raise ValueError for what JSON-in-PostgreSQL cannot hold: NUL characters, NaN, ±Infinity.
+    """Raise ValueError for what JSON-in-PostgreSQL cannot hold: NUL characters, unpaired
+    UTF-16 surrogates (``"\\ud800"`` is valid JSON but not UTF-8), NaN, ±Infinity.
 
     Iterative, so deeply nested values cannot exhaust the stack.
     """
     pending = [value]
     while pending:
         item = pending.pop()
-        if isinstance(item, str) and "\x00" in item:
-            raise ValueError("strings may not contain the NUL character")
+        if isinstance(item, str):
+            _storable_string(item)
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError("numbers must be finite (no NaN or Infinity)")
         if isinstance(item, dict):
@@ -35,6 +36,16 @@ def _storable(value: Any) -> None:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
+
+
+def _storable_string(item: str) -> None:
+    if "\x00" in item:
+        raise ValueError("strings may not contain the NUL character")
+    if not item.isascii():
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings may not contain an unpaired UTF-16 surrogate") from None
 
 
 def _json_object(value: dict[str, Any]) -> dict[str, Any]:

@@ -142,19 +142,26 @@ class WsConnection:
     async def _sender(self) -> None:
         while True:
             for item in await self.outbox.take():
-                if isinstance(item, _Close):
-                    await asyncio.wait_for(
-                        self.ws.close(item.code, item.reason), SEND_TIMEOUT_SECONDS
-                    )
-                    return
                 try:
+                    if isinstance(item, _Close):
+                        await asyncio.wait_for(
+                            self.ws.close(item.code, item.reason), SEND_TIMEOUT_SECONDS
+                        )
+                        return
                     await asyncio.wait_for(
                         self.ws.send({"type": "websocket.send", "text": item.decode()}),
                         SEND_TIMEOUT_SECONDS,
                     )
                 except TimeoutError:
                     log.warning("closing a WebSocket that stopped reading (send timeout)")
+                    self._abort()
                     return
+
+    def _abort(self) -> None:
+        """Drop the TCP connection: a graceful close would wait for the peer to read."""
+        abort = getattr(self.ws.app.state, "abort_connection", None)
+        if abort is not None:
+            abort(self.ws.client)
 
     # -- the connection's life --------------------------------------------------------------
 

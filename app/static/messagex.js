@@ -1,0 +1,432 @@
+// messagex.js — a small browser client for the MessageX WebSocket protocol.
+//
+//   import { connect } from "/static/messagex.js";
+//   const mx = await connect({ token });                  // or { username, password }
+//   await mx.subscribe("invoices", { prefetch: 10 }, async (message) => {
+//     console.log(message.body);
+//     await message.ack();                                // or message.nack({ requeue: false })
+//   });
+//   const { routed, queues } = await mx.publish({ exchange: "orders", routing_key: "order.created",
+//                                                body: { id: 42 } });
+//
+// One WebSocket per client. Every request frame carries an `id`, and the server answers each
+// with exactly one frame carrying that id (the success frame or ERROR), so every call here
+// returns a promise that settles with that reply. When the socket drops, the client
+// reconnects with exponential backoff (full jitter), authenticates again and resubscribes
+// every subscription; deliveries received on the old socket can no longer be settled (the
+// broker has already released them for redelivery), so their ack()/nack() reject with
+// `stale_delivery`. A publish whose reply was lost with the socket rejects with
+// `connection_lost`: it may or may not have been stored (set properties.message_id to
+// de-duplicate a retry). Authentication failures (close code 4401) are final: no reconnect.
+//
+// Events (the client is an EventTarget): "state" {state, attempt?, delayMs?},
+// "connected" {connection_id, user}, "cancelled" {queue, reason}, "error" {error}.
+
+const CLOSE_UNAUTHORIZED = 4401;
+
+export class MessageXError extends Error {
+  constructor(code, message, frame) {
+    super(message || code);
+    this.name = "MessageXError";
+    this.code = code;
+    this.frame = frame || null;
+  }
+}
+
+function defaultUrl() {
+  const scheme = globalThis.location?.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${globalThis.location?.host}/api/v1/ws`;
+}
+
+/** A delivery. `body` is the JSON body, or null when the message is binary (`body_base64`). */
+export class Message {
+  constructor(client, generation, frame) {
+    this._client = client;
+    this._generation = generation;
+    this.queue = frame.queue;
+    this.exchange = frame.exchange;
+    this.routing_key = frame.routing_key;
+    this.body = "body" in frame ? frame.body : null;
+    this.body_base64 = frame.body_base64 ?? null;
+    this.headers = frame.headers ?? {};
+    this.properties = frame.properties ?? {};
+    this.message_id = frame.message_id;
+    this.delivery_tag = frame.delivery_tag;
+    this.delivery_count = frame.delivery_count;
+    this.redelivered = Boolean(frame.redelivered);
+    this.created_at = frame.created_at;
+    this.settled = false;
+  }
+
+  /** Acknowledge: resolves on ACKED (the message is deleted). */
+  async ack() {
+    const reply = await this._settle({ type: "ACK", delivery_tag: this.delivery_tag });
+    return reply.delivery_tag;
+  }
+
+  /** Reject: resolves with the outcome — "requeued", "dead_lettered", "dead" or "discarded". */
+  async nack({ requeue = true } = {}) {
+    const reply = await this._settle({
+      type: "NACK",
+      delivery_tag: this.delivery_tag,
+      requeue: Boolean(requeue),
+    });
+    return reply.outcome;
+  }
+
+  async _settle(frame) {
+    if (this._generation !== this._client._generation || this._client.state !== "open") {
+      throw new MessageXError(
+        "stale_delivery",
+        "this delivery came on a connection that has closed; the broker redelivers it",
+      );
+    }
+    const reply = await this._client._request(frame);
+    this.settled = true;
+    return reply;
+  }
+}
+
+export class Subscription {
+  constructor(client, queue, prefetch, handler) {
+    this._client = client;
+    this.queue = queue;
+    this.prefetch = prefetch;
+    this.handler = handler;
+    this.confirmed = false; // SUBSCRIBED seen at least once: resubscribe after a reconnect
+    this.active = true;
+  }
+
+  /** Stop new deliveries (unsettled ones stay yours to settle). */
+  async unsubscribe() {
+    if (!this.active) return;
+    this.active = false;
+    try {
+      if (this._client.state === "open") {
+        await this._client._request({ type: "UNSUBSCRIBE", queue: this.queue });
+      }
+    } catch (e) {
+      if (!(e instanceof MessageXError) || !["not_subscribed", "connection_lost"].includes(e.code)) {
+        throw e;
+      }
+    } finally {
+      if (this._client._subs.get(this.queue) === this) this._client._subs.delete(this.queue);
+    }
+  }
+}
+
+export class Client extends EventTarget {
+  /**
+   * @param {object} options
+   * @param {string} [options.url] ws:// or wss:// URL of /api/v1/ws (default: this page's origin)
+   * @param {string} [options.token] a session token from POST /api/v1/auth/login
+   * @param {string} [options.username]
+   * @param {string} [options.password]
+   * @param {number} [options.minBackoffMs=250] first reconnect delay (doubles up to max)
+   * @param {number} [options.maxBackoffMs=10000]
+   * @param {number} [options.requestTimeoutMs=30000] how long to wait for a reply
+   * @param {number} [options.pingIntervalMs=25000] PING this often; no PONG in time: reconnect
+   */
+  constructor(options = {}) {
+    super();
+    this.url = options.url || defaultUrl();
+    this._auth = options.token
+      ? { token: options.token }
+      : { username: options.username, password: options.password };
+    this.minBackoffMs = options.minBackoffMs ?? 250;
+    this.maxBackoffMs = options.maxBackoffMs ?? 10000;
+    this.requestTimeoutMs = options.requestTimeoutMs ?? 30000;
+    this.pingIntervalMs = options.pingIntervalMs ?? 25000;
+    this.state = "idle"; // idle | connecting | open | reconnecting | closed
+    this.user = null;
+    this.connectionId = null;
+    this._ws = null;
+    this._generation = 0;
+    this._nextId = 1;
+    this._pending = new Map(); // id -> {resolve, reject, timer}
+    this._subs = new Map(); // queue -> Subscription
+    this._openWaiters = [];
+    this._attempt = 0;
+    this._reconnectTimer = null;
+    this._pingTimer = null;
+    this._finalError = null;
+  }
+
+  /** Open the connection; resolves once authenticated (CONNECTED). */
+  connect() {
+    if (this.state === "closed") return Promise.reject(this._closedError());
+    const ready = this._waitOpen().then(() => ({ connection_id: this.connectionId, user: this.user }));
+    if (this.state === "idle") this._open();
+    return ready;
+  }
+
+  /** Close for good: no reconnect; pending calls reject with `closed`. */
+  close() {
+    this._finalError = this._finalError || new MessageXError("closed", "the client was closed");
+    this._setState("closed");
+    clearTimeout(this._reconnectTimer);
+    this._stopPing();
+    const ws = this._ws;
+    this._ws = null;
+    if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000, "client closed");
+    this._failPending(this._finalError);
+    this._rejectWaiters(this._finalError);
+    for (const sub of this._subs.values()) sub.active = false;
+    this._subs.clear();
+  }
+
+  /**
+   * Subscribe to a queue; `handler(message)` is called for every delivery (it may be async;
+   * settle with message.ack() / message.nack()). Resolves with a Subscription once the
+   * broker has answered SUBSCRIBED; rejects with the broker's error (not_found, forbidden…).
+   */
+  async subscribe(queue, { prefetch = 1 } = {}, handler) {
+    if (typeof handler !== "function") throw new TypeError("subscribe needs a handler function");
+    if (this._subs.has(queue)) {
+      throw new MessageXError("already_subscribed", `already subscribed to ${queue}`);
+    }
+    const sub = new Subscription(this, queue, prefetch, handler);
+    this._subs.set(queue, sub);
+    try {
+      for (;;) {
+        await this._waitOpen();
+        try {
+          await this._sendSubscribe(sub);
+          return sub;
+        } catch (e) {
+          if (!(e instanceof MessageXError) || e.code !== "connection_lost") throw e;
+        }
+      }
+    } catch (e) {
+      sub.active = false;
+      if (this._subs.get(queue) === sub) this._subs.delete(queue);
+      throw e;
+    }
+  }
+
+  /**
+   * Publish with confirm: `message` is a publish body (routing_key, body or body_base64,
+   * headers, properties, delay_ms, mandatory) plus `exchange`, or `queue` for the default
+   * exchange. Resolves with {routed, queues, message_id} once the broker has committed it.
+   */
+  async publish(message) {
+    await this._waitOpen();
+    const reply = await this._request({ ...message, type: "PUBLISH" });
+    return { routed: reply.routed, queues: reply.queues, message_id: reply.message_id };
+  }
+
+  /** Round trip to the broker. */
+  async ping() {
+    await this._waitOpen();
+    await this._request({ type: "PING" });
+  }
+
+  // -- internals -----------------------------------------------------------------------
+
+  _setState(state, detail = {}) {
+    if (this.state === "closed" && state !== "closed") return;
+    this.state = state;
+    this.dispatchEvent(new CustomEvent("state", { detail: { state, ...detail } }));
+  }
+
+  _emitError(error) {
+    this.dispatchEvent(new CustomEvent("error", { detail: { error } }));
+  }
+
+  _closedError() {
+    return this._finalError || new MessageXError("closed", "the client was closed");
+  }
+
+  _waitOpen() {
+    if (this.state === "open") return Promise.resolve(this._generation);
+    if (this.state === "closed") return Promise.reject(this._closedError());
+    return new Promise((resolve, reject) => this._openWaiters.push({ resolve, reject }));
+  }
+
+  _resolveWaiters() {
+    const waiters = this._openWaiters.splice(0);
+    for (const w of waiters) w.resolve(this._generation);
+  }
+
+  _rejectWaiters(error) {
+    const waiters = this._openWaiters.splice(0);
+    for (const w of waiters) w.reject(error);
+  }
+
+  _open() {
+    this._setState(this._attempt === 0 && this._generation === 0 ? "connecting" : "reconnecting");
+    this._generation += 1;
+    const generation = this._generation;
+    let ws;
+    try {
+      ws = new WebSocket(this.url);
+    } catch (e) {
+      this._finalError = new MessageXError("bad_url", e.message);
+      this.close();
+      return;
+    }
+    this._ws = ws;
+    ws.onopen = () => this._authenticate(ws, generation);
+    ws.onmessage = (event) => this._onFrame(ws, generation, event.data);
+    ws.onclose = (event) => this._onClose(ws, event);
+  }
+
+  async _authenticate(ws, generation) {
+    try {
+      const connected = await this._request({ type: "AUTH", ...this._auth }, ws);
+      this.user = connected.user;
+      this.connectionId = connected.connection_id;
+      // Resubscribe what was confirmed before; new subscriptions wait for "open" and send
+      // their own SUBSCRIBE.
+      for (const sub of [...this._subs.values()]) {
+        if (!sub.confirmed || !sub.active) continue;
+        try {
+          await this._sendSubscribe(sub, ws);
+        } catch (e) {
+          if (e.code === "connection_lost") return;
+          this._dropSubscription(sub, e.code);
+        }
+      }
+      if (generation !== this._generation || this._ws !== ws) return;
+      this._attempt = 0;
+      this._setState("open");
+      this._startPing(ws);
+      this.dispatchEvent(new CustomEvent("connected", { detail: connected }));
+      this._resolveWaiters();
+    } catch {
+      // An AUTH refusal is followed by a close (4401: final; 4429 or 1013: try again later);
+      // _onClose decides what follows.
+    }
+  }
+
+  async _sendSubscribe(sub, ws) {
+    await this._request({ type: "SUBSCRIBE", queue: sub.queue, prefetch: sub.prefetch }, ws);
+    sub.confirmed = true;
+  }
+
+  _dropSubscription(sub, reason) {
+    sub.active = false;
+    if (this._subs.get(sub.queue) === sub) this._subs.delete(sub.queue);
+    this.dispatchEvent(new CustomEvent("cancelled", { detail: { queue: sub.queue, reason } }));
+  }
+
+  _request(frame, ws = this._ws) {
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      return Promise.reject(new MessageXError("connection_lost", "not connected"));
+    }
+    const id = this._nextId++;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this._pending.delete(id);
+        reject(new MessageXError("timeout", `no reply to ${frame.type} in time`));
+      }, this.requestTimeoutMs);
+      this._pending.set(id, { resolve, reject, timer, ws });
+      ws.send(JSON.stringify({ ...frame, id }));
+    });
+  }
+
+  _onFrame(ws, generation, data) {
+    let frame;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      return;
+    }
+    const waiter = frame.id !== undefined ? this._pending.get(frame.id) : undefined;
+    if (waiter) {
+      this._pending.delete(frame.id);
+      clearTimeout(waiter.timer);
+      if (frame.type === "ERROR") waiter.reject(new MessageXError(frame.code, frame.message, frame));
+      else waiter.resolve(frame);
+      return;
+    }
+    switch (frame.type) {
+      case "MESSAGE_DELIVERED":
+        this._deliver(ws, generation, frame);
+        break;
+      case "SUBSCRIPTION_CANCELLED": {
+        const sub = this._subs.get(frame.queue);
+        if (sub) this._dropSubscription(sub, frame.reason);
+        break;
+      }
+      case "ERROR":
+        this._emitError(new MessageXError(frame.code, frame.message, frame));
+        break;
+      default:
+        break;
+    }
+  }
+
+  _deliver(ws, generation, frame) {
+    const sub = this._subs.get(frame.queue);
+    if (!sub) {
+      // Nobody wants it any more: hand it back at once rather than hold it until a timeout.
+      ws.send(JSON.stringify({ type: "NACK", delivery_tag: frame.delivery_tag, requeue: true }));
+      return;
+    }
+    const message = new Message(this, generation, frame);
+    try {
+      const result = sub.handler(message);
+      if (result && typeof result.catch === "function") result.catch((e) => this._emitError(e));
+    } catch (e) {
+      this._emitError(e);
+    }
+  }
+
+  _failPending(error, ws) {
+    for (const [id, waiter] of this._pending) {
+      if (ws && waiter.ws !== ws) continue;
+      clearTimeout(waiter.timer);
+      this._pending.delete(id);
+      waiter.reject(error);
+    }
+  }
+
+  _onClose(ws, event) {
+    if (ws !== this._ws) {
+      this._failPending(new MessageXError("connection_lost", "the connection closed"), ws);
+      return;
+    }
+    this._ws = null;
+    this._stopPing();
+    this._failPending(new MessageXError("connection_lost", "the connection closed"), ws);
+    if (this.state === "closed") return;
+    if (event.code === CLOSE_UNAUTHORIZED) {
+      this._finalError = new MessageXError("unauthorized", event.reason || "authentication failed");
+      this._emitError(this._finalError);
+      this.close();
+      return;
+    }
+    const ceiling = Math.min(this.maxBackoffMs, this.minBackoffMs * 2 ** this._attempt);
+    const delayMs = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
+    this._attempt += 1;
+    this._setState("reconnecting", { attempt: this._attempt, delayMs, code: event.code });
+    this._reconnectTimer = setTimeout(() => {
+      if (this.state !== "closed") this._open();
+    }, delayMs);
+  }
+
+  _startPing(ws) {
+    this._stopPing();
+    if (!this.pingIntervalMs) return;
+    this._pingTimer = setInterval(() => {
+      if (ws !== this._ws) return;
+      this._request({ type: "PING" }, ws).catch((e) => {
+        // No PONG in time: the connection is dead without knowing it. Start over.
+        if (e.code === "timeout" && ws === this._ws) ws.close(4000, "ping timeout");
+      });
+    }, this.pingIntervalMs);
+  }
+
+  _stopPing() {
+    clearInterval(this._pingTimer);
+    this._pingTimer = null;
+  }
+}
+
+/** Create a client and connect it; resolves with the connected client. */
+export async function connect(options = {}) {
+  const client = new Client(options);
+  await client.connect();
+  return client;
+}
