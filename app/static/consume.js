@@ -114,6 +114,8 @@ async function settle(entry, action) {
 function deliveryCard(entry) {
   const m = entry.message;
   const label = `${m.queue} #${m.delivery_count}`;
+  const properties = { ...m.properties };
+  delete properties.message_id; // shown on its own
   const buttons = entry.outcome
     ? h("p", { class: `outcome ${entry.outcome}`, tabindex: "-1" }, `Settled: ${entry.outcome}`, entry.error ? ` — ${entry.error}` : "")
     : h("div", { class: "row-actions" },
@@ -135,7 +137,7 @@ function deliveryCard(entry) {
       ["Routing key", m.routing_key],
       ["Created", formatTime(m.created_at)],
       Object.keys(m.headers).length ? ["Headers", h("code", { "aria-label": "Headers" }, JSON.stringify(m.headers))] : null,
-      Object.keys(m.properties).length ? ["Properties", h("code", { "aria-label": "Properties" }, JSON.stringify(m.properties))] : null,
+      Object.keys(properties).length ? ["Properties", h("code", { "aria-label": "Properties" }, JSON.stringify(properties))] : null,
     ].filter(Boolean).map(([k, v]) => h("div", null, h("dt", null, k), h("dd", null, v)))),
     h("pre", { class: "code", tabindex: "0", "aria-label": `Body of ${label}` }, bodyText(m)),
     buttons,

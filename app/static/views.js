@@ -541,7 +541,9 @@ export function queueView(main, params, ctx) {
   );
 
   let loaded = false;
+  let gone = false; // 404/403/422: stop polling, the error is shown once
   async function refresh() {
+    if (gone) return;
     try {
       const q = await api("GET", `/queues/${seg(name)}`);
       fill(stats, statList([
@@ -560,6 +562,7 @@ export function queueView(main, params, ctx) {
         await Promise.all([loadBindings(), browse.load()]);
       }
     } catch (error) {
+      if ([403, 404, 422].includes(error.status)) gone = true;
       ctx.showError(error, `Queue ${name}`);
     }
   }

@@ -1,0 +1,53 @@
+"""Async Python client for the MessageX broker's WebSocket protocol.
+
+import asyncio
+from messagex_client import Client
+
+async def main() -> None:
+    async with Client("http://127.0.0.1:8000", username="guest", password="guest") as mx:
+        result = await mx.publish("amq.topic", {"id": 42}, routing_key="order.created")
+        print(result.queues)
+        async with mx.subscribe("invoices", prefetch=10) as messages:
+            async for message in messages:
+                print(message.body)
+                await message.ack()
+
+asyncio.run(main())
+"""
+
+from messagex_client.client import Client, Message, PublishResult, Subscription, websocket_url
+from messagex_client.errors import (
+    AuthenticationError,
+    BrokerError,
+    ClientClosed,
+    ConnectionLost,
+    Forbidden,
+    MessageXError,
+    NotFound,
+    RateLimited,
+    StaleDelivery,
+    SubscriptionCancelled,
+    UnknownDeliveryTag,
+    Unroutable,
+)
+
+__all__ = [
+    "AuthenticationError",
+    "BrokerError",
+    "Client",
+    "ClientClosed",
+    "ConnectionLost",
+    "Forbidden",
+    "Message",
+    "MessageXError",
+    "NotFound",
+    "PublishResult",
+    "RateLimited",
+    "StaleDelivery",
+    "Subscription",
+    "SubscriptionCancelled",
+    "UnknownDeliveryTag",
+    "Unroutable",
+    "websocket_url",
+]
+__version__ = "0.1.0"

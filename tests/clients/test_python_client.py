@@ -1,0 +1,220 @@
+"""messagex_client (clients/python) against a real broker: publish with confirm, subscribe
+as an async iterator with ack/nack, reconnect and resubscribe."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from messagex_client import (
+    AuthenticationError,
+    Client,
+    ConnectionLost,
+    Message,
+    NotFound,
+    StaleDelivery,
+    SubscriptionCancelled,
+    Unroutable,
+    websocket_url,
+)
+
+from tests.clients.proxy import Proxy
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, async_wait_for
+
+TIMEOUT = 5.0
+
+
+@pytest.fixture
+async def rest(broker: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=f"{broker.base_url}/api/v1", auth=(ADMIN_USER, ADMIN_PASSWORD), timeout=10
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+async def mx(broker: LiveServer) -> AsyncIterator[Client]:
+    async with Client(broker.base_url, username=ADMIN_USER, password=ADMIN_PASSWORD) as client:
+        yield client
+
+
+async def queue(rest: httpx.AsyncClient, name: str, **declaration: object) -> str:
+    r = await rest.put(f"/queues/{name}", json=declaration)
+    assert r.status_code in (200, 201), r.text
+    return name
+
+
+async def stats(rest: httpx.AsyncClient, name: str) -> dict[str, int]:
+    r = await rest.get(f"/queues/{name}")
+    result: dict[str, int] = r.json()["stats"]
+    return result
+
+
+async def next_message(messages: AsyncIterator[Message]) -> Message:
+    return await asyncio.wait_for(anext(messages), TIMEOUT)
+
+
+def test_websocket_url() -> None:
+    assert websocket_url("http://h:8000") == "ws://h:8000/api/v1/ws"
+    assert websocket_url("https://h/") == "wss://h/api/v1/ws"
+    assert websocket_url("ws://h:1/custom/ws") == "ws://h:1/custom/ws"
+    with pytest.raises(ValueError, match="not an http"):
+        websocket_url("ftp://h")
+
+
+async def test_publish_returns_the_confirm(mx: Client, rest: httpx.AsyncClient) -> None:
+    q = await queue(rest, "py-publish")
+    r = await rest.post("/bindings", json={"exchange": "amq.direct", "queue": q, "routing_key": q})
+    assert r.status_code == 201
+    result = await mx.publish("amq.direct", {"n": 1}, routing_key=q, message_id="m-1")
+    assert (result.routed, result.queues, result.message_id) == (True, [q], "m-1")
+    # A confirm means committed: the message is there now.
+    assert (await stats(rest, q))["ready"] == 1
+    direct = await mx.publish(queue=q, body=b"\x00\xffbinary", headers={"k": [1, 2]})
+    assert direct.queues == [q]
+    unrouted = await mx.publish("amq.direct", 1, routing_key="nobody")
+    assert (unrouted.routed, unrouted.queues) == (False, [])
+    with pytest.raises(Unroutable):
+        await mx.publish("amq.direct", 1, routing_key="nobody", mandatory=True)
+    with pytest.raises(NotFound):
+        await mx.publish("no-such-exchange", 1)
+    with pytest.raises(ValueError, match="exactly one"):
+        await mx.publish("amq.direct", 1, queue=q)
+
+
+async def test_subscribe_iterates_and_settles(mx: Client, rest: httpx.AsyncClient) -> None:
+    q = await queue(rest, "py-consume")
+    for n in range(3):
+        await mx.publish(queue=q, body={"n": n})
+    await mx.publish(queue=q, body=b"\x01\x02")
+    async with mx.subscribe(q, prefetch=10) as messages:
+        received = [await next_message(messages) for _ in range(4)]
+        assert [m.body for m in received] == [{"n": 0}, {"n": 1}, {"n": 2}, b"\x01\x02"]
+        assert all(m.queue == q and not m.redelivered and m.delivery_count == 1 for m in received)
+        assert (await stats(rest, q))["in_flight"] == 4
+        await received[0].ack()
+        assert await received[1].nack(requeue=False) == "discarded"
+        await received[3].ack()
+        assert await received[2].nack() == "requeued"
+        again = await next_message(messages)
+        assert (again.body, again.redelivered, again.delivery_count) == ({"n": 2}, True, 2)
+        await again.ack()
+    assert await stats(rest, q) == {
+        "ready": 0,
+        "delayed": 0,
+        "in_flight": 0,
+        "dead": 0,
+        "consumers": 0,
+    }
+
+
+async def test_leaving_the_subscription_returns_unread_deliveries(
+    mx: Client, rest: httpx.AsyncClient
+) -> None:
+    q = await queue(rest, "py-leave")
+    for n in range(3):
+        await mx.publish(queue=q, body=n)
+    async with mx.subscribe(q, prefetch=3) as messages:
+        first = await next_message(messages)
+        await async_wait_for(
+            lambda: _in_flight_is(rest, q, 3), timeout=TIMEOUT, message="the prefetch to fill"
+        )
+        await first.ack()
+    # The two buffered, never handed out, went straight back.
+    await async_wait_for(
+        lambda: _ready_is(rest, q, 2), timeout=TIMEOUT, message="the unread ones requeued"
+    )
+
+
+async def _in_flight_is(rest: httpx.AsyncClient, q: str, n: int) -> bool:
+    return (await stats(rest, q))["in_flight"] == n
+
+
+async def _ready_is(rest: httpx.AsyncClient, q: str, n: int) -> bool:
+    s = await stats(rest, q)
+    return s["ready"] == n and s["in_flight"] == 0
+
+
+async def test_subscription_errors(mx: Client, rest: httpx.AsyncClient) -> None:
+    with pytest.raises(NotFound):
+        await mx.subscribe("py-missing").start()
+    q = await queue(rest, "py-cancel")
+    messages = mx.subscribe(q)
+    await messages.start()
+    assert (await rest.delete(f"/queues/{q}")).status_code == 204
+    with pytest.raises(SubscriptionCancelled) as cancelled:
+        await next_message(messages)
+    assert cancelled.value.reason == "queue_deleted"
+
+
+async def test_bad_credentials_raise(broker: LiveServer) -> None:
+    client = Client(broker.base_url, username=ADMIN_USER, password="wrong")
+    with pytest.raises(AuthenticationError):
+        await client.connect()
+    await client.close()
+    token_client = Client(broker.base_url, token="not-a-token")
+    with pytest.raises(AuthenticationError):
+        await token_client.connect()
+    await token_client.close()
+
+
+async def test_unreachable_broker_raises_on_first_connect() -> None:
+    client = Client("http://127.0.0.1:9", username="u", password="p", open_timeout=2)
+    with pytest.raises(ConnectionLost):
+        await client.connect()
+    await client.close()
+
+
+async def test_reconnects_resubscribes_and_redelivers(
+    broker: LiveServer, rest: httpx.AsyncClient
+) -> None:
+    q = await queue(rest, "py-reconnect")
+    proxy = await Proxy(broker.port).start()
+    client = Client(
+        proxy.url, username=ADMIN_USER, password=ADMIN_PASSWORD, min_backoff=0.05, max_backoff=0.2
+    )
+    try:
+        await client.connect()
+        messages = await client.subscribe(q, prefetch=5).start()
+        await client.publish(queue=q, body="before")
+        held = await next_message(messages)
+        assert held.body == "before"
+
+        proxy.drop()  # the network fails under the client
+        again = await next_message(messages)  # resubscribed on a new connection
+        assert (again.body, again.redelivered, again.delivery_count) == ("before", True, 2)
+        assert client.connections == 2
+        with pytest.raises(StaleDelivery):
+            await held.ack()
+        await again.ack()
+
+        # The broker "goes down" for a while: a publish waits for the reconnect.
+        proxy.refusing = True
+        proxy.drop()
+        await async_wait_for(lambda: not client.connected, timeout=TIMEOUT)
+        publishing = asyncio.create_task(client.publish(queue=q, body="after"))
+        await async_wait_for(lambda: proxy.refused >= 3, timeout=TIMEOUT, message="retries")
+        assert not publishing.done()  # still waiting for a connection
+        proxy.refusing = False
+        result = await asyncio.wait_for(publishing, TIMEOUT)
+        assert result.queues == [q]
+        after = await next_message(messages)
+        assert (after.body, after.redelivered) == ("after", False)
+        await after.ack()
+        assert client.connections == 3
+        assert (await stats(rest, q))["consumers"] == 1
+    finally:
+        await client.close()
+        await proxy.close()
+
+
+async def test_close_ends_iteration(mx: Client, rest: httpx.AsyncClient) -> None:
+    q = await queue(rest, "py-close")
+    messages = await mx.subscribe(q).start()
+    waiting = asyncio.create_task(anext(messages))
+    await asyncio.sleep(0.05)
+    await mx.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, TIMEOUT)

@@ -1,0 +1,162 @@
+"""``/static/messagex.js``, the browser client, in headless Chromium against a real broker:
+publish with confirm, subscribe with ack/nack, reconnect with backoff and resubscribe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page
+
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
+
+SETUP = """
+async ({ token, queue }) => {
+  const mx = await import('/static/messagex.js');
+  const t = { got: [], states: [], errors: [], cancelled: [] };
+  window.__t = t;
+  t.client = new mx.Client({ token, minBackoffMs: 50, maxBackoffMs: 200 });
+  t.client.addEventListener('state', (e) => t.states.push(e.detail.state));
+  t.client.addEventListener('error', (e) => t.errors.push(e.detail.error.code));
+  t.client.addEventListener('cancelled', (e) => t.cancelled.push(e.detail));
+  const connected = await t.client.connect();
+  t.sub = await t.client.subscribe(queue, { prefetch: 5 }, (m) => t.got.push(m));
+  return connected.user;
+}
+"""
+
+
+@pytest.fixture
+def token(ui_server: LiveServer) -> str:
+    return login(ui_server.base_url, ADMIN_USER, ADMIN_PASSWORD)
+
+
+@pytest.fixture
+def blank(page: Page, ui_server: LiveServer) -> Page:
+    """A page of the broker's origin (the client connects back to it)."""
+    page.goto(f"{ui_server.base_url}/static/style.css")
+    return page
+
+
+def queue(rest: httpx.Client, name: str) -> str:
+    assert rest.put(f"/queues/{name}", json={}).status_code in (200, 201)
+    return name
+
+
+def got(page: Page) -> list[dict[str, Any]]:
+    return page.evaluate(
+        "window.__t.got.map((m) => ({body: m.body, tag: m.delivery_tag,"
+        " redelivered: m.redelivered, count: m.delivery_count, headers: m.headers}))"
+    )
+
+
+def test_publish_resolves_on_published_and_ack_settles(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    q = queue(rest, "bc-basic")
+    user = blank.evaluate(SETUP, {"token": token, "queue": q})
+    assert user == {"username": ADMIN_USER, "role": "admin"}
+    result = blank.evaluate(
+        "async (q) => window.__t.client.publish({ queue: q, body: { n: 1 }, headers: { h: 'v' } })",
+        q,
+    )
+    assert result["routed"] is True
+    assert result["queues"] == [q]
+    wait_for(lambda: len(got(blank)) == 1, message="the delivery")
+    (delivery,) = got(blank)
+    assert delivery["body"] == {"n": 1}
+    assert delivery["headers"] == {"h": "v"}
+    assert blank.evaluate("async () => window.__t.got[0].ack()") == delivery["tag"]
+    assert rest.get(f"/queues/{q}").json()["stats"] == {
+        "ready": 0,
+        "delayed": 0,
+        "in_flight": 0,
+        "dead": 0,
+        "consumers": 1,
+    }
+    # A second ACK of the same tag is the broker's error, surfaced as a rejection.
+    code = blank.evaluate("async () => window.__t.got[0].ack().then(() => null, (e) => e.code)")
+    assert code == "unknown_delivery_tag"
+    # NACK without requeue on a queue without a DLQ discards.
+    blank.evaluate("async (q) => window.__t.client.publish({ queue: q, body: 2 })", q)
+    wait_for(lambda: len(got(blank)) == 2, message="the second delivery")
+    assert blank.evaluate("async () => window.__t.got[1].nack({ requeue: false })") == "discarded"
+    # Unroutable mandatory publish rejects with the broker's code.
+    code = blank.evaluate(
+        "async () => window.__t.client.publish({ exchange: 'amq.direct', routing_key: 'nobody',"
+        " body: 1, mandatory: true }).then(() => null, (e) => e.code)"
+    )
+    assert code == "unroutable"
+
+
+def test_reconnects_resubscribes_and_redelivers_what_was_unsettled(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    q = queue(rest, "bc-reconnect")
+    blank.evaluate(SETUP, {"token": token, "queue": q})
+    assert rest.post(f"/queues/{q}/messages", json={"body": "first"}).status_code == 200
+    wait_for(lambda: len(got(blank)) == 1, message="the first delivery")
+
+    # The connection drops (the socket closes under the client's feet).
+    blank.evaluate("() => window.__t.client._ws.close(4000, 'test drop')")
+    wait_for(lambda: len(got(blank)) == 2, message="the redelivery after resubscribing")
+    _, again = got(blank)
+    assert again["body"] == "first"
+    assert again["redelivered"] is True
+    assert again["count"] == 2
+    states = blank.evaluate("window.__t.states")
+    assert states[-2:] == ["reconnecting", "open"]
+    # The old delivery's tag died with its connection: settling it is refused locally.
+    code = blank.evaluate("async () => window.__t.got[0].ack().then(() => null, (e) => e.code)")
+    assert code == "stale_delivery"
+    blank.evaluate("async () => window.__t.got[1].ack()")
+
+    # New messages keep arriving on the resumed subscription.
+    assert rest.post(f"/queues/{q}/messages", json={"body": "after"}).status_code == 200
+    wait_for(lambda: len(got(blank)) == 3, message="a delivery after the reconnect")
+    assert got(blank)[2]["body"] == "after"
+    assert rest.get(f"/queues/{q}").json()["stats"]["consumers"] == 1
+
+
+def test_subscription_cancelled_when_the_queue_is_deleted(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    q = queue(rest, "bc-cancel")
+    blank.evaluate(SETUP, {"token": token, "queue": q})
+    assert rest.delete(f"/queues/{q}").status_code == 204
+    wait_for(lambda: blank.evaluate("window.__t.cancelled.length") == 1, message="the cancel")
+    assert blank.evaluate("window.__t.cancelled[0]") == {"queue": q, "reason": "queue_deleted"}
+    code = blank.evaluate(
+        "async (q) => window.__t.client.subscribe(q, {}, () => {}).then(() => null, (e) => e.code)",
+        q,
+    )
+    assert code == "not_found"
+
+
+def test_bad_credentials_are_final(blank: Page) -> None:
+    result = blank.evaluate(
+        """async () => {
+          const { Client } = await import('/static/messagex.js');
+          const client = new Client({ token: 'not-a-token', minBackoffMs: 10 });
+          const code = await client.connect().then(() => null, (e) => e.code);
+          await new Promise((r) => setTimeout(r, 200));
+          return { code, state: client.state };
+        }"""
+    )
+    assert result == {"code": "unauthorized", "state": "closed"}
+
+
+def test_username_and_password_work_too(blank: Page, rest: httpx.Client) -> None:
+    q = queue(rest, "bc-basic-auth")
+    result = blank.evaluate(
+        """async ({ username, password, q }) => {
+          const { connect } = await import('/static/messagex.js');
+          const client = await connect({ username, password });
+          const result = await client.publish({ queue: q, body: [1, 2] });
+          client.close();
+          return { user: client.user.username, routed: result.routed, state: client.state };
+        }""",
+        {"username": ADMIN_USER, "password": ADMIN_PASSWORD, "q": q},
+    )
+    assert result == {"user": ADMIN_USER, "routed": True, "state": "closed"}

@@ -1,0 +1,250 @@
+"""The management UI end to end in headless Chromium: log in, declare, bind, publish, browse,
+consume over the WebSocket, ACK, and watch the counts change."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+from playwright.sync_api import Page, expect
+
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
+from tests.ui.support import go, log_in, stat
+
+
+def test_declare_bind_publish_browse_consume_ack(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    # Other tests share this broker: the counts are compared with what they were, once the
+    # WebSockets of earlier tests are gone and their deliveries released.
+    def quiet() -> dict[str, Any] | None:
+        o: dict[str, Any] = rest.get("/overview").json()
+        return o if o["messages"]["in_flight"] == 0 and o["subscriptions"] == 0 else None
+
+    before = wait_for(quiet, message="earlier tests' consumers to go")
+
+    def count(status: str, delta: int) -> str:
+        return str(before["messages"][status] + delta)
+
+    log_in(page, ui_server)
+
+    # Declare a queue from the form; it appears in the live list.
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-orders")
+    page.get_by_label("Maximum deliveries").fill("5")
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-orders declared")).to_be_visible()
+    assert rest.get("/queues/e2e-orders").json()["max_delivery_count"] == 5
+
+    # Bind it to amq.topic from the queue page.
+    page.get_by_role("link", name="e2e-orders", exact=True).click()
+    expect(page.get_by_role("heading", name="Queue e2e-orders")).to_be_visible()
+    page.get_by_label("Exchange", exact=True).fill("amq.topic")
+    page.get_by_label("Routing key").fill("order.*")
+    page.get_by_role("button", name="Bind").click()
+    bindings = page.get_by_role("table", name="Bindings")
+    expect(bindings.get_by_role("link", name="amq.topic")).to_be_visible()
+    expect(bindings).to_contain_text("order.*")
+    (binding,) = rest.get("/bindings", params={"queue": "e2e-orders"}).json()["items"]
+    assert (binding["exchange"], binding["routing_key"]) == ("amq.topic", "order.*")
+
+    # Publish from the form (over the WebSocket; the answer comes after the commit).
+    go(page, "Publish")
+    page.get_by_label("Exchange", exact=True).fill("amq.topic")
+    page.get_by_label("Routing key").fill("order.created")
+    page.get_by_label("Headers (JSON object)").fill('{"source": "ui-test"}')
+    page.get_by_label("Body (any JSON value)").fill('{"order": 42, "total": "19.90"}')
+    page.get_by_role("button", name="Publish").click()
+    expect(page.get_by_text("Published: routed to e2e-orders")).to_be_visible()
+
+    # The overview counts it as ready.
+    go(page, "Overview")
+    expect(stat(page, "messages-ready")).to_have_text(count("ready", 1))
+    expect(stat(page, "messages-in_flight")).to_have_text(count("in_flight", 0))
+
+    # Browse shows it, headers and body included.
+    go(page, "Queues")
+    page.get_by_role("link", name="e2e-orders", exact=True).click()
+    expect(stat(page, "queue-ready")).to_have_text("1")
+    message = page.locator("li.message")
+    expect(message).to_have_count(1)
+    expect(message).to_contain_text("order.created")
+    expect(message.get_by_label("Headers")).to_have_text('{"source":"ui-test"}')
+    body = message.get_by_label("Body")
+    assert json.loads(body.inner_text()) == {"order": 42, "total": "19.90"}
+
+    # Consume it in the live panel.
+    page.get_by_role("link", name="Consume from this queue").click()
+    expect(page.get_by_role("heading", name="Consume")).to_be_visible()
+    expect(page.get_by_label("Queue", exact=True)).to_have_value("e2e-orders")
+    page.get_by_label("Prefetch").fill("1")
+    page.get_by_role("button", name="Subscribe").click()
+    delivery = page.locator("li.delivery")
+    expect(delivery).to_have_count(1)
+    expect(delivery).to_contain_text('"order": 42')
+    expect(delivery).to_contain_text("order.created")
+
+    # While it is held, the counts say in flight, with one consumer.
+    go(page, "Overview")
+    expect(stat(page, "messages-in_flight")).to_have_text(count("in_flight", 1))
+    expect(stat(page, "messages-ready")).to_have_text(count("ready", 0))
+    expect(stat(page, "overview-subscriptions")).to_have_text(str(before["subscriptions"] + 1))
+
+    # Back on the panel (the subscription and the delivery are still there): ACK it.
+    go(page, "Consume")
+    delivery = page.locator("li.delivery")
+    delivery.get_by_role("button", name=re.compile("^ACK ")).click()
+    expect(delivery).to_contain_text("Settled: acked")
+
+    go(page, "Overview")
+    expect(stat(page, "messages-in_flight")).to_have_text(count("in_flight", 0))
+    expect(stat(page, "messages-ready")).to_have_text(count("ready", 0))
+    stats = rest.get("/queues/e2e-orders").json()["stats"]
+    assert stats == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0, "consumers": 1}
+
+
+def test_nack_requeues_and_the_panel_gets_it_again(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    assert rest.put("/queues/e2e-nack", json={}).status_code == 201
+    r = rest.post("/queues/e2e-nack/messages", json={"body": "again"})
+    assert r.status_code == 200
+    log_in(page, ui_server)
+    page.goto(f"{ui_server.base_url}/#/consume?queue=e2e-nack")
+    page.get_by_role("button", name="Subscribe").click()
+    first = page.locator("li.delivery").first
+    expect(first).to_contain_text('"again"')
+    first.get_by_role("button", name="NACK (requeue)").click()
+    expect(first).to_contain_text("Settled: requeued")
+    # Redelivered at once to the same subscriber, marked as such.
+    second = page.locator("li.delivery").nth(1)
+    expect(second).to_contain_text("redelivered (2)")
+    second.get_by_role("button", name="Reject").click()
+    expect(second).to_contain_text("Settled: discarded")
+    assert rest.get("/queues/e2e-nack").json()["stats"]["ready"] == 0
+
+
+def test_purge_and_delete_a_message_from_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    assert rest.put("/queues/e2e-purge", json={}).status_code == 201
+    for n in range(3):
+        rest.post("/queues/e2e-purge/messages", json={"body": {"n": n}})
+    log_in(page, ui_server)
+    page.goto(f"{ui_server.base_url}/#/queues/e2e-purge")
+    messages = page.locator("li.message")
+    expect(messages).to_have_count(3)
+    messages.first.get_by_role("button", name="Delete message").click()
+    expect(messages).to_have_count(2)
+    expect(stat(page, "queue-ready")).to_have_text("2")
+    page.get_by_role("button", name="Purge").click()
+    expect(page.get_by_text("Purged 2 messages")).to_be_visible()
+    expect(page.get_by_text("No messages.")).to_be_visible()
+    assert rest.get("/queues/e2e-purge").json()["stats"]["ready"] == 0
+
+
+def test_browse_paginates_and_filters_by_status(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    assert rest.put("/queues/e2e-pages", json={}).status_code == 201
+    for n in range(12):
+        rest.post("/queues/e2e-pages/messages", json={"body": {"n": n}})
+    rest.post("/queues/e2e-pages/messages", json={"body": "later", "delay_ms": 600_000})
+    log_in(page, ui_server)
+    page.goto(f"{ui_server.base_url}/#/queues/e2e-pages")
+    page.get_by_label("Per page").select_option("10")
+    messages = page.locator("li.message")
+    expect(messages).to_have_count(10)
+    page.get_by_role("button", name="Next page").click()
+    expect(messages).to_have_count(3)
+    expect(page.get_by_role("button", name="Next page")).to_be_disabled()
+    page.get_by_role("button", name="Previous page").click()
+    expect(messages).to_have_count(10)
+    page.get_by_label("Status").select_option("delayed")
+    expect(messages).to_have_count(1)
+    expect(messages).to_contain_text('"later"')
+
+
+def test_exchange_page_declares_binds_and_deletes(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    assert rest.put("/queues/e2e-x-q", json={}).status_code == 201
+    log_in(page, ui_server)
+    go(page, "Exchanges")
+    page.get_by_label("Name", exact=True).fill("e2e-events")
+    page.get_by_label("Type").select_option("fanout")
+    page.get_by_role("button", name="Declare exchange").click()
+    expect(page.get_by_text("Exchange e2e-events declared")).to_be_visible()
+    assert rest.get("/exchanges/e2e-events").json()["type"] == "fanout"
+    page.get_by_role("link", name="e2e-events", exact=True).click()
+    page.get_by_label("Queue", exact=True).fill("e2e-x-q")
+    page.get_by_role("button", name="Bind").click()
+    expect(
+        page.get_by_role("table", name="Bindings").get_by_role("link", name="e2e-x-q")
+    ).to_be_visible()
+    page.get_by_role("button", name="Delete binding").click()
+    expect(page.get_by_text("No bindings.")).to_be_visible()
+    page.get_by_role("button", name="Delete exchange").click()
+    expect(page.get_by_role("heading", name="Exchanges", exact=True)).to_be_visible()
+    assert rest.get("/exchanges/e2e-events").status_code == 404
+
+
+def test_admin_manages_users_and_a_user_sees_no_admin_pages(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    log_in(page, ui_server)
+    go(page, "Users")
+    page.get_by_label("Username").fill("e2e-alice")
+    page.get_by_label("Password").fill("alice-password-1")
+    page.get_by_label("Configure").fill("alice\\..*")
+    page.get_by_label("Write").fill("alice\\..*")
+    page.get_by_label("Read").fill(".*")
+    page.get_by_role("button", name="Save user").click()
+    expect(page.get_by_text("User e2e-alice created")).to_be_visible()
+    row = page.get_by_role("row").filter(has_text="e2e-alice")
+    expect(row).to_contain_text("alice\\..*")
+    assert rest.get("/users/e2e-alice").json()["permissions"]["read"] == ".*"
+
+    page.get_by_role("button", name="Log out").click()
+    expect(page.get_by_role("heading", name="Log in to MessageX")).to_be_visible()
+    log_in(page, ui_server, "e2e-alice", "alice-password-1")
+    nav = page.get_by_role("navigation", name="Main")
+    expect(nav.get_by_role("link", name="Queues")).to_be_visible()
+    expect(nav.get_by_role("link", name="Users")).to_have_count(0)
+    expect(page.get_by_text("the broker-wide overview is for admins")).to_be_visible()
+    # A queue outside alice's configure permission: the broker's 403 shows as text.
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("bob.queue")
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_role("alert")).to_contain_text("forbidden")
+
+
+def test_the_session_token_is_in_session_storage_and_logout_revokes_it(
+    page: Page, ui_server: LiveServer
+) -> None:
+    log_in(page, ui_server)
+    token = page.evaluate("sessionStorage.getItem('messagex.token')")
+    assert token
+    assert page.context.cookies() == []
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{ui_server.base_url}/api/v1/auth/me", headers=headers).status_code == 200
+    page.get_by_role("button", name="Log out").click()
+    expect(page.get_by_role("heading", name="Log in to MessageX")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('messagex.token')") is None
+    assert httpx.get(f"{ui_server.base_url}/api/v1/auth/me", headers=headers).status_code == 401
+
+
+def test_a_bad_password_shows_the_error_and_stays_on_login(
+    page: Page, ui_server: LiveServer
+) -> None:
+    page.goto(f"{ui_server.base_url}/")
+    page.get_by_label("Username").fill(ADMIN_USER)
+    page.get_by_label("Password").fill("not-the-password")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("alert")).to_contain_text("Login failed")
+    expect(page.get_by_role("heading", name="Log in to MessageX")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('messagex.token')") is None
+    # A valid token still works afterwards (nothing global broke).
+    assert login(ui_server.base_url, ADMIN_USER, ADMIN_PASSWORD)
