@@ -19,6 +19,7 @@ even with the right password — until its window ends; those answers are not co
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -120,6 +121,12 @@ class _Entry:
     expires: float
 
 
+def _retrieve(future: asyncio.Future[User]) -> None:
+    """Mark a shared verification's outcome as seen, even when no one else waited for it."""
+    if not future.cancelled():
+        future.exception()
+
+
 class BasicCache:
     """Verified Basic credentials, for at most ``ttl`` seconds (monotonic clock, this process).
 
@@ -182,6 +189,7 @@ class AuthService:
             parallelism=settings.argon2_parallelism,
         )
         self.cache = BasicCache(settings.auth_cache_seconds)
+        self._in_flight: dict[tuple[tuple[str, bytes], str | None], asyncio.Future[User]] = {}
         self._listeners: list[Listener] = []
         #: keys this process saw reach their limit → monotonic time after which the window
         #: has surely ended. Only used to bypass the Basic cache; the database decides 429s.
@@ -254,9 +262,28 @@ class AuthService:
             and self._from_allowed_host(cached, client_host)
         ):
             return cached
-        generation = self.cache.generation
-        user = await self.authenticate_password(username, password, client_host)
-        self.cache.put(key, user, generation)
+        # Single flight: requests that miss the cache together (at start-up, or when an entry
+        # expires under load) share one Argon2 verification instead of one each.
+        flight = (key, client_host)
+        pending = self._in_flight.get(flight)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[User] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        self._in_flight[flight] = future
+        try:
+            generation = self.cache.generation
+            user = await self.authenticate_password(username, password, client_host)
+            self.cache.put(key, user, generation)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
+            raise
+        finally:
+            del self._in_flight[flight]
+        future.set_result(user)
         return user
 
     async def authenticate_password(
