@@ -119,12 +119,19 @@ def _limits(username: str | None, client_host: str | None) -> dict[str, int]:
 class _Entry:
     user: User
     expires: float
+    #: the stored hash the password was verified against: while it is unchanged in the
+    #: database, an expired entry is renewed without another Argon2 verification
+    password_hash: str = ""
 
 
 def _retrieve(future: asyncio.Future[User]) -> None:
     """Mark a shared verification's outcome as seen, even when no one else waited for it."""
     if not future.cancelled():
         future.exception()
+
+
+#: how long after expiry a cache entry may still be renewed without Argon2
+RENEW_WINDOW_SECONDS = 600.0
 
 
 class BasicCache:
@@ -149,14 +156,20 @@ class BasicCache:
 
     def get(self, key: tuple[str, bytes]) -> User | None:
         entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry.expires <= time.monotonic():
-            self._entries.pop(key, None)
+        if entry is None or entry.expires <= time.monotonic():
             return None
         return entry.user
 
-    def put(self, key: tuple[str, bytes], user: User, generation: int) -> None:
+    def renewable(self, key: tuple[str, bytes]) -> str | None:
+        """The verified hash of an expired entry (kept at most RENEW_WINDOW_SECONDS)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.expires + RENEW_WINDOW_SECONDS <= time.monotonic():
+            return None
+        return entry.password_hash or None
+
+    def put(
+        self, key: tuple[str, bytes], user: User, generation: int, password_hash: str = ""
+    ) -> None:
         if self.ttl <= 0 or generation != self.generation:
             return
         now = time.monotonic()
@@ -164,7 +177,7 @@ class BasicCache:
             self._entries = {k: e for k, e in self._entries.items() if e.expires > now}
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
-        self._entries[key] = _Entry(user, now + self.ttl)
+        self._entries[key] = _Entry(user, now + self.ttl, password_hash)
 
     def drop_user(self, username: str) -> None:
         self.generation += 1
@@ -273,8 +286,11 @@ class AuthService:
         self._in_flight[flight] = future
         try:
             generation = self.cache.generation
-            user = await self.authenticate_password(username, password, client_host)
-            self.cache.put(key, user, generation)
+            account = await self._verify_password(
+                username, password, client_host, verified_hash=self.cache.renewable(key)
+            )
+            user = account.user
+            self.cache.put(key, user, generation, account.password_hash)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 future.cancel()
@@ -292,8 +308,20 @@ class AuthService:
         return (await self._verify_password(username, password, client_host)).user
 
     async def _verify_password(
-        self, username: str, password: str, client_host: str | None
+        self,
+        username: str,
+        password: str,
+        client_host: str | None,
+        verified_hash: str | None = None,
     ) -> Account:
+        """Check the password (and the rate limits) against the database.
+
+        ``verified_hash``: the stored hash this same password was verified against a moment
+        ago (an expired Basic cache entry). When the database still holds exactly that hash,
+        the password cannot have changed, so the Argon2 verification is skipped: the cache
+        still re-reads the user (deleted, changed, locked out) every few seconds, without the
+        CPU cost.
+        """
         limits = _limits(username, client_host)
         lookup_name = username if is_valid_name(username) else None
         async with self.db.connect() as conn:
@@ -306,7 +334,12 @@ class AuthService:
                 # no user can have reveals nothing and is refused without the cost.
                 await self.passwords.verify_dummy(password)
             await self._fail(limits, BAD_PASSWORD)
-        ok, new_hash = await self.passwords.verify_and_update(password, account.password_hash)
+        if verified_hash is not None and hmac.compare_digest(
+            verified_hash.encode(), account.password_hash.encode()
+        ):
+            ok, new_hash = True, None
+        else:
+            ok, new_hash = await self.passwords.verify_and_update(password, account.password_hash)
         if not ok or not self._from_allowed_host(account.user, client_host):
             await self._fail(limits, BAD_PASSWORD)
         if new_hash is not None:

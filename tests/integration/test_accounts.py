@@ -539,3 +539,49 @@ def test_basic_cache() -> None:
     for i in range(10):
         small.put(small.key(f"u{i}", "p"), user, small.generation)
         assert len(small) <= 3
+
+
+class _CountingPasswords(Passwords):
+    def __init__(self) -> None:
+        super().__init__(PasswordHash((FAST,)))
+        self.verifications = 0
+
+    async def verify_and_update(self, password: str, password_hash: str) -> tuple[bool, str | None]:
+        self.verifications += 1
+        return await super().verify_and_update(password, password_hash)
+
+
+async def test_basic_cache_renews_without_argon2_until_the_hash_changes(
+    db: Database, database_url: str
+) -> None:
+    svc = service(db, database_url, auth_cache_seconds=0.05)
+    counting = svc.passwords = _CountingPasswords()
+    await svc.put_user(ROOT, "renew", "pw-1", Role.USER, Permissions())
+    header = basic("renew", "pw-1")
+    assert (await svc.authenticate(header, "127.0.0.1")).username == "renew"
+    assert counting.verifications == 1
+    for _ in range(3):  # expired entries, same stored hash: renewed from the database row
+        wait_for(lambda: svc.cache.get(svc.cache.key("renew", "pw-1")) is None, timeout=2)
+        assert (await svc.authenticate(header, "127.0.0.1")).username == "renew"
+    assert counting.verifications == 1
+    # another process changes the password: the hash in the database is no longer the one
+    # that was verified, so the next expiry verifies again, and the old password fails
+    other = service(db, database_url)
+    await other.put_user(ROOT, "renew", "pw-2", Role.USER, Permissions())
+    wait_for(lambda: svc.cache.get(svc.cache.key("renew", "pw-1")) is None, timeout=2)
+    with pytest.raises(Unauthorized):
+        await svc.authenticate(header, "127.0.0.1")
+    assert counting.verifications == 2
+
+
+async def test_concurrent_cache_misses_share_one_verification(
+    db: Database, database_url: str
+) -> None:
+    svc = service(db, database_url)
+    counting = svc.passwords = _CountingPasswords()
+    await svc.put_user(ROOT, "flock", "pw", Role.USER, Permissions())
+    users = await asyncio.gather(
+        *[svc.authenticate(basic("flock", "pw"), "127.0.0.1") for _ in range(20)]
+    )
+    assert {u.username for u in users} == {"flock"}
+    assert counting.verifications == 1
