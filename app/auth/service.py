@@ -324,8 +324,9 @@ class AuthService:
         """
         limits = _limits(username, client_host)
         lookup_name = username if is_valid_name(username) else None
-        async with self.db.connect() as conn:
-            found = await accounts.lookup_password_user(conn, lookup_name, limits, WINDOW_SECONDS)
+        found = await accounts.lookup_password_user(
+            self.db.hot, lookup_name, limits, WINDOW_SECONDS
+        )
         self._raise_if_limited(found)
         account = found.account
         if account is None:
@@ -352,8 +353,7 @@ class AuthService:
     async def authenticate_token(self, token: str, client_host: str | None) -> User:
         wanted = tokens.digest(token)
         limits = _limits(None, client_host)
-        async with self.db.connect() as conn:
-            found, stored = await accounts.lookup_session(conn, wanted, limits, WINDOW_SECONDS)
+        found, stored = await accounts.lookup_session(self.db.hot, wanted, limits, WINDOW_SECONDS)
         self._raise_if_limited(found)
         account = found.account
         if (

@@ -25,7 +25,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    true,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.domain.model import Permissions, Role, User
+from app.storage.fastpath import HotPath, Statement
 from app.storage.tables import auth_failures, broker_users, management_sessions
 
 #: pg_advisory_xact_lock key serializing the bootstrap of the first user ("mxboot").
@@ -115,54 +116,85 @@ _USER_COLUMNS = (
 )
 
 
+# The rate-limit state of the request's keys (the longest time left among those that reached
+# their limit, and which) joined with the user or the live session, in ONE constant statement
+# on the hot path: it runs on every authenticated request that the Basic cache does not
+# answer. A key is locked while its fixed window (from its first counted failure) is open and
+# its failure count has reached the key's limit. The aggregate always yields exactly one row,
+# so a missing user or session still brings the rate-limit answer.
+_LIMITED = """
+WITH limited AS (
+    SELECT max(ceil(extract(epoch FROM f.window_start + make_interval(secs => :window)
+                                       - now())))::int AS retry_after,
+           array_agg(f.key) AS locked
+    FROM auth_failures AS f
+    JOIN unnest(CAST(:keys AS text[]), CAST(:limits AS int[])) AS k(key, lim) ON k.key = f.key
+    WHERE f.failures >= k.lim AND f.window_start + make_interval(secs => :window) > now()
+)
+"""
+_USER_SQL = """u.id, u.username, u.password_hash, u.role, u.perm_configure, u.perm_write,
+       u.perm_read, u.loopback_only"""
+
+LOOKUP_PASSWORD_USER = Statement(
+    text(
+        _LIMITED
+        + f"""
+SELECT l.retry_after, l.locked, {_USER_SQL}
+FROM limited AS l LEFT JOIN broker_users AS u ON u.username = CAST(:username AS text)
+"""
+    )
+)
+
+LOOKUP_SESSION = Statement(
+    text(
+        _LIMITED
+        + f"""
+SELECT l.retry_after, l.locked, s.token_digest, {_USER_SQL}
+FROM limited AS l
+LEFT JOIN (management_sessions AS s JOIN broker_users AS u ON u.id = s.user_id)
+       ON s.token_digest = :digest AND s.expires_at > now()
+"""
+    )
+)
+
+
+def _limit_params(limits: Mapping[str, int], window_seconds: int) -> dict[str, Any]:
+    return {"keys": list(limits), "limits": list(limits.values()), "window": window_seconds}
+
+
+def _hot_account(row: Any, offset: int) -> Account | None:
+    values = row[offset:]
+    if values[0] is None:
+        return None
+    id_, username, password_hash, role, configure, write, read, loopback_only = values
+    return Account(
+        id=id_,
+        user=User(username, Role(role), Permissions(configure, write, read), loopback_only),
+        password_hash=password_hash,
+    )
+
+
 async def lookup_password_user(
-    conn: AsyncConnection, username: str | None, limits: Mapping[str, int], window_seconds: int
+    hot: HotPath, username: str | None, limits: Mapping[str, int], window_seconds: int
 ) -> AuthLookup:
     """Rate-limit state of ``limits``' keys and the user named ``username``, in one statement.
-
-    The aggregate always yields exactly one row; the user is LEFT JOINed onto it, so a missing
-    user still brings the rate-limit answer. ``username`` None skips the user (a name no user
-    can have).
-    """
-    limited = _limited(limits, window_seconds)
-    if username is None:
-        row = (await conn.execute(select(limited.c.retry_after, limited.c.locked))).one()
-        return AuthLookup(row.retry_after, tuple(row.locked or ()), None)
-    stmt = select(limited.c.retry_after, limited.c.locked, *_USER_COLUMNS).select_from(
-        limited.outerjoin(broker_users, broker_users.c.username == username)
-    )
-    row = (await conn.execute(stmt)).one()
-    account = _account(row) if row.id is not None else None
-    return AuthLookup(row.retry_after, tuple(row.locked or ()), account)
+    ``username`` None skips the user (a name no user can have)."""
+    params = _limit_params(limits, window_seconds)
+    params["username"] = username
+    (row,) = await hot.fetch(LOOKUP_PASSWORD_USER, params)
+    return AuthLookup(row[0], tuple(row[1] or ()), _hot_account(row, 2))
 
 
 async def lookup_session(
-    conn: AsyncConnection, token_digest: bytes, limits: Mapping[str, int], window_seconds: int
+    hot: HotPath, token_digest: bytes, limits: Mapping[str, int], window_seconds: int
 ) -> tuple[AuthLookup, bytes | None]:
     """Rate-limit state and the live (unexpired, by the database clock) session's user, in one
     statement. Also returns the stored digest, for a constant-time comparison by the caller."""
-    limited = _limited(limits, window_seconds)
-    session = (
-        select(management_sessions.c.token_digest, *_USER_COLUMNS)
-        .select_from(
-            management_sessions.join(
-                broker_users, broker_users.c.id == management_sessions.c.user_id
-            )
-        )
-        .where(
-            management_sessions.c.token_digest == token_digest,
-            management_sessions.c.expires_at > func.now(),
-        )
-        .subquery("session")
-    )
-    stmt = select(limited.c.retry_after, limited.c.locked, session).select_from(
-        limited.outerjoin(session, true())
-    )
-    row = (await conn.execute(stmt)).one()
-    locked = tuple(row.locked or ())
-    if row.id is None:
-        return AuthLookup(row.retry_after, locked, None), None
-    return AuthLookup(row.retry_after, locked, _account(row)), bytes(row.token_digest)
+    params = _limit_params(limits, window_seconds)
+    params["digest"] = token_digest
+    (row,) = await hot.fetch(LOOKUP_SESSION, params)
+    found = AuthLookup(row[0], tuple(row[1] or ()), _hot_account(row, 3))
+    return found, (bytes(row[2]) if row[2] is not None else None)
 
 
 async def record_failures(

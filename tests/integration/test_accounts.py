@@ -155,20 +155,20 @@ async def test_one_lookup_reports_the_lockout_and_the_user(db: Database) -> None
         )
     limits = {"user:lou": 10, "addr:192.0.2.1": 30}
     async with db.connect() as conn:
-        found = await accounts.lookup_password_user(conn, "lou", limits, 60)
+        found = await accounts.lookup_password_user(db.hot, "lou", limits, 60)
         assert found.locked == ("user:lou",)
         assert found.retry_after is not None
         assert 58 <= found.retry_after <= 60
         assert found.account is not None
         assert found.account.user.username == "lou"
 
-        found = await accounts.lookup_password_user(conn, "nobody", {"addr:192.0.2.2": 30}, 60)
+        found = await accounts.lookup_password_user(db.hot, "nobody", {"addr:192.0.2.2": 30}, 60)
         assert (found.locked, found.account) == (("addr:192.0.2.2",), None)
 
-        found = await accounts.lookup_password_user(conn, None, {"addr:192.0.2.1": 30}, 60)
+        found = await accounts.lookup_password_user(db.hot, None, {"addr:192.0.2.1": 30}, 60)
         assert (found.retry_after, found.locked, found.account) == (None, (), None)
 
-        found, stored = await accounts.lookup_session(conn, b"x" * 32, {"addr:192.0.2.2": 30}, 60)
+        found, stored = await accounts.lookup_session(db.hot, b"x" * 32, {"addr:192.0.2.2": 30}, 60)
         assert (found.locked, found.account, stored) == (("addr:192.0.2.2",), None, None)
 
 
