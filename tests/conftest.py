@@ -87,3 +87,25 @@ def admin(server: LiveServer) -> Iterator[httpx.Client]:
 def anon(server: LiveServer) -> Iterator[httpx.Client]:
     with client(server.base_url) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def srv(
+    request: pytest.FixtureRequest, pg_cluster: PgCluster, template_db: str
+) -> Iterator[LiveServer]:
+    """One server (and database) shared by a module's tests, which isolate themselves by
+    using names of their own. A module tunes it with ``SERVER_SETTINGS = {...}``."""
+    name = pg_cluster.create_database(template_db)
+    try:
+        overrides = getattr(request.module, "SERVER_SETTINGS", {})
+        with running_server(test_settings(pg_cluster.url_for(name), **overrides)) as live:
+            yield live
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def adm(srv: LiveServer) -> Iterator[httpx.Client]:
+    """An admin client (HTTP Basic) of the module's shared server."""
+    with client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
+        yield c

@@ -10,7 +10,6 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,12 +19,9 @@ from tests.support import (
     ADMIN_PASSWORD,
     ADMIN_USER,
     LiveServer,
-    PgCluster,
     client,
-    running_server,
     wait_for,
 )
-from tests.support import test_settings as settings_for
 from tests.wsclient import (
     WsClient,
     bind,
@@ -53,21 +49,8 @@ DELIVERY_FIELDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def srv(pg_cluster: PgCluster, template_db: str) -> Iterator[LiveServer]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        settings = settings_for(pg_cluster.url_for(name), ack_timeout_check_interval_ms=100)
-        with running_server(settings) as live:
-            yield live
-    finally:
-        pg_cluster.drop_database(name)
-
-
-@pytest.fixture(scope="module")
-def adm(srv: LiveServer) -> Iterator[httpx.Client]:
-    with client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
-        yield c
+#: settings of this module's shared server (the ``srv`` fixture in tests/conftest.py)
+SERVER_SETTINGS = {"ack_timeout_check_interval_ms": 100}
 
 
 def fresh(prefix: str = "q") -> str:

@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -21,16 +20,10 @@ import httpx
 import pytest
 
 from tests.support import (
-    ADMIN_PASSWORD,
-    ADMIN_USER,
     LiveServer,
-    PgCluster,
-    client,
     login,
-    running_server,
     wait_for,
 )
-from tests.support import test_settings as settings_for
 from tests.wsclient import (
     WsClient,
     bind,
@@ -46,21 +39,8 @@ _names = itertools.count()
 PASSWORD = "pw-of-the-user"
 
 
-@pytest.fixture(scope="module")
-def srv(pg_cluster: PgCluster, template_db: str) -> Iterator[LiveServer]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        settings = settings_for(pg_cluster.url_for(name), ack_timeout_check_interval_ms=100)
-        with running_server(settings) as live:
-            yield live
-    finally:
-        pg_cluster.drop_database(name)
-
-
-@pytest.fixture(scope="module")
-def adm(srv: LiveServer) -> Iterator[httpx.Client]:
-    with client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
-        yield c
+#: settings of this module's shared server (the ``srv`` fixture in tests/conftest.py)
+SERVER_SETTINGS = {"ack_timeout_check_interval_ms": 100}
 
 
 @pytest.fixture

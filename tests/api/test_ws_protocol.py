@@ -12,7 +12,6 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -43,22 +42,6 @@ from tests.wsclient import (
 )
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def srv(pg_cluster: PgCluster, template_db: str) -> Iterator[LiveServer]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        with running_server(settings_for(pg_cluster.url_for(name))) as live:
-            yield live
-    finally:
-        pg_cluster.drop_database(name)
-
-
-@pytest.fixture(scope="module")
-def adm(srv: LiveServer) -> Iterator[httpx.Client]:
-    with client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
-        yield c
 
 
 @pytest.fixture
