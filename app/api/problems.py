@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from app import errors
 
@@ -142,8 +143,25 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     response = problem(exc.status_code, title, detail, code)
     for name, value in (exc.headers or {}).items():
         if name.lower() == "allow":
-            response.headers["Allow"] = value
+            response.headers["Allow"] = _allowed_methods(request) or value
     return response
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves on this path. Starlette's own ``Allow`` names only the
+    first route that matched the path (``/bindings`` has a GET route and a POST route)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
+    return ", ".join(allowed)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

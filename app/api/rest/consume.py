@@ -27,7 +27,7 @@ _NO_DELIVERY = "no in-flight delivery with that tag belongs to you"
     name="get_messages",
     summary="Claim up to max_messages deliveries, long-polling an empty queue up to wait_ms",
     response_model=GetResponse,
-    responses=problem_responses(400, 401, 403, 404, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 422, 429, 503),
 )
 async def get_messages(
     name: Annotated[Name, Path()],
@@ -56,7 +56,7 @@ async def get_messages(
     name="ack_delivery",
     summary="Acknowledge a pulled delivery: the message is deleted",
     status_code=204,
-    responses=problem_responses(401, 404, 503),
+    responses=problem_responses(401, 404, 422, 429, 503),
 )
 async def ack_delivery(
     delivery_tag: Annotated[str, Path(max_length=128)], services: ServicesDep, user: UserDep
@@ -73,7 +73,7 @@ async def ack_delivery(
     name="nack_delivery",
     summary="Reject a pulled delivery: requeue (default), dead-letter or discard it",
     response_model=NackResponse,
-    responses=problem_responses(400, 401, 404, 422, 503),
+    responses=problem_responses(400, 401, 404, 422, 429, 503),
 )
 async def nack_delivery(
     delivery_tag: Annotated[str, Path(max_length=128)],

@@ -32,7 +32,7 @@ def _json(build: Callable[[bool], object]) -> Response:
     ),
     response_model=StoredMessagePage,
     status_code=status.HTTP_200_OK,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def browse_messages(
     name: PathName,
@@ -65,7 +65,7 @@ async def browse_messages(
     description="Whatever its status. Needs some permission on the queue.",
     response_model=StoredMessageView,
     status_code=status.HTTP_200_OK,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def get_message(
     name: PathName, id: MessageIdPath, services: ServicesDep, user: UserDep
@@ -85,7 +85,7 @@ async def get_message(
     ),
     status_code=status.HTTP_204_NO_CONTENT,
     response_class=Response,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def delete_message(
     name: PathName, id: MessageIdPath, services: ServicesDep, user: UserDep

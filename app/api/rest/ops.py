@@ -113,7 +113,7 @@ async def metrics(services: ServicesDep) -> Response:
     ),
     response_model=OverviewOut,
     status_code=200,
-    responses=problem_responses(401, 403, 503),
+    responses=problem_responses(401, 403, 429, 503),
 )
 async def get_overview(services: ServicesDep, user: UserDep) -> OverviewOut:
     return OverviewOut.of(await services.ops.overview(user))

@@ -20,7 +20,7 @@ from app.domain.model import PublishResult
 
 router = APIRouter(tags=["publish"])
 
-_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 503)
+_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 429, 503)
 
 
 def _result(result: PublishResult) -> PublishResponse:

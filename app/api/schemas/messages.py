@@ -14,6 +14,7 @@ from fastapi import Path
 from pydantic import (
     AfterValidator,
     BaseModel,
+    ConfigDict,
     Field,
     PrivateAttr,
     StrictBool,
@@ -31,6 +32,9 @@ from app.api.schemas.common import StrictModel
 from app.domain.model import MAX_DELAY_MS, NAME_PATTERN, BrowseStatus, OutgoingMessage
 
 MAX_BATCH = 1000
+
+#: What the strict decoder (codec._decode_base64) accepts: RFC 4648 standard alphabet, padded.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 #: An exchange or queue name in a URL path (an invalid one is 422).
 PathName = Annotated[
@@ -83,6 +87,13 @@ class MessageProperties(StrictModel):
 class PublishBody(StrictModel):
     """One message to publish. Exactly one of ``body`` and ``body_base64`` must be present."""
 
+    # ...and the OpenAPI document says so, so that generated clients and schema-driven
+    # fuzzers know that both (or neither) is invalid.
+    model_config = ConfigDict(
+        **StrictModel.model_config,
+        json_schema_extra={"oneOf": [{"required": ["body"]}, {"required": ["body_base64"]}]},
+    )
+
     routing_key: StorableText = ""
     body: Annotated[
         Any,
@@ -95,7 +106,7 @@ class PublishBody(StrictModel):
     ] = None
     body_base64: Annotated[
         str | None,  # None: not sent (an explicit null is refused by _encode)
-        WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+        WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN}),
         Field(
             description=(
                 "Binary payload, base64 (RFC 4648, standard alphabet, padded); delivered "

@@ -1,0 +1,175 @@
+"""Frame abuse on the WebSocket: bounded floods, invalid JSON, wrong schema, binary frames,
+NUL bytes, invalid UTF-8, double and foreign ACKs. Every one ends in an ERROR frame or a
+close with 1003/1007/1008 — never 1011, never a crash: the server keeps serving afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import LiveServer, wait_for
+from tests.wsclient import WsClient, _masked, declare_queue, publish
+
+BAD_FRAMES: list[tuple[str, str | bytes]] = [
+    ("not json", "hello"),
+    ("truncated json", '{"type": "PING"'),
+    ("json array", "[1, 2, 3]"),
+    ("json scalar", "42"),
+    ("no type", '{"id": "x1"}'),
+    ("type not a string", '{"type": 7, "id": "x2"}'),
+    ("unknown type", '{"type": "FLY", "id": "x3"}'),
+    ("lower-case type", '{"type": "ping", "id": "x4"}'),
+    ("unknown field", '{"type": "PING", "id": "x5", "extra": 1}'),
+    ("missing queue", '{"type": "SUBSCRIBE", "id": "x6"}'),
+    ("bad queue name", '{"type": "SUBSCRIBE", "queue": "no spaces", "id": "x7"}'),
+    ("prefetch 0", '{"type": "SUBSCRIBE", "queue": "q", "prefetch": 0, "id": "x8"}'),
+    ("prefetch too big", '{"type": "SUBSCRIBE", "queue": "q", "prefetch": 1001, "id": "x9"}'),
+    ("prefetch a string", '{"type": "SUBSCRIBE", "queue": "q", "prefetch": "5", "id": "x10"}'),
+    ("requeue a string", '{"type": "NACK", "delivery_tag": "t", "requeue": "no", "id": "x11"}'),
+    ("empty tag", '{"type": "ACK", "delivery_tag": "", "id": "x12"}'),
+    ("huge tag", '{"type": "ACK", "delivery_tag": "' + "9" * 5000 + '", "id": "x13"}'),
+    ("id too long", '{"type": "PING", "id": "' + "i" * 65 + '"}'),
+    ("id an object", '{"type": "PING", "id": {"a": 1}}'),
+    ("NUL in queue", '{"type": "SUBSCRIBE", "queue": "q\\u0000", "id": "x14"}'),
+    ("raw NUL", '{"type": "PING", "id": "x15"}\x00'),
+    ("NUL in header", '{"type": "PUBLISH", "queue": "q", "body": 1, "headers": {"a": "\\u0000"}}'),
+    ("surrogate key", '{"type": "PUBLISH", "queue": "q", "body": 1, "headers": {"\\ud800": 1}}'),
+    ("both targets", '{"type": "PUBLISH", "queue": "q", "exchange": "amq.direct", "body": 1}'),
+    ("both bodies", '{"type": "PUBLISH", "queue": "q", "body": 1, "body_base64": "AA=="}'),
+    (
+        "deep nesting",
+        '{"type": "PUBLISH", "queue": "q", "body": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ),
+    ("NaN", '{"type": "PUBLISH", "queue": "q", "body": NaN}'),
+    ("AUTH again", '{"type": "AUTH", "token": "x", "id": "x16"}'),
+    ("binary frame", b'{"type": "PING", "id": "b1"}'),
+    ("binary garbage", bytes(range(256))),
+]
+
+
+@pytest.fixture
+def server(mserver: LiveServer) -> LiveServer:
+    """One server for the module: abuse must not hurt the tests that come after it."""
+    return mserver
+
+
+@pytest.fixture
+def admin(madmin: httpx.Client) -> httpx.Client:
+    return madmin
+
+
+@pytest.fixture
+def no_crash(caplog: pytest.LogCaptureFixture) -> Any:
+    caplog.set_level(logging.ERROR)
+    yield caplog
+    crashes = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and ("ASGI" in r.getMessage() or r.exc_info)
+    ]
+    assert not crashes, [r.getMessage() for r in crashes]
+
+
+def parses(frame: str | bytes) -> bool:
+    try:
+        json.loads(frame)
+    except ValueError:
+        return False
+    return True
+
+
+def alive(server: LiveServer) -> None:
+    with WsClient.admin(server.ws_url) as ws:
+        assert ws.request({"type": "PING"})["type"] == "PONG"
+    assert httpx.get(f"{server.base_url}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(("what", "frame"), BAD_FRAMES, ids=[w for w, _ in BAD_FRAMES])
+def test_a_bad_frame_gets_an_error_and_the_connection_stays_open(
+    server: LiveServer, admin: httpx.Client, no_crash: Any, what: str, frame: str | bytes
+) -> None:
+    declare_queue(admin, "q")
+    with WsClient.admin(server.ws_url) as ws:
+        ws.send_raw(frame)
+        error = ws.expect("ERROR")
+        assert error["code"] == "bad_frame", (what, error)
+        # a valid id is echoed even on a bad frame; an invalid one is not
+        if '"id": "x' in str(frame) and parses(frame):
+            assert error["id"].startswith("x")
+        assert "id" not in error or isinstance(error["id"], str)
+        # nothing happened, and the connection still works
+        assert ws.request({"type": "PING"})["type"] == "PONG"
+    assert admin.get("/queues/q").json()["stats"]["ready"] == 0
+    alive(server)
+
+
+def test_invalid_utf8_closes_1007(server: LiveServer, no_crash: Any) -> None:
+    with WsClient.admin(server.ws_url) as ws:
+        ws.ws.socket.sendall(_masked(1, b'{"type": "PING", "x": "\xff\xfe"}'))
+        code, _ = ws.expect_close()
+        assert code == 1007
+    alive(server)
+
+
+def test_a_flood_of_bad_frames_closes_1008_never_1011(server: LiveServer, no_crash: Any) -> None:
+    with WsClient.admin(server.ws_url) as ws:
+        ws.ws.socket.sendall(b"".join(_masked(1, b"nope") for _ in range(500)))
+        code, frames = ws.expect_close(10)
+        assert code == 1008
+        errors = [f for f in frames if f["type"] == "ERROR"]
+        assert 50 < len(errors) <= 500
+    alive(server)
+
+
+def test_a_flood_of_valid_frames_is_answered_in_order_with_bounded_buffering(
+    server: LiveServer, no_crash: Any
+) -> None:
+    """20,000 PINGs in one burst while the client does not read: the server stops reading
+    when its outbox is full (backpressure) and answers every one, in order, once read."""
+    n = 20_000
+    with WsClient.admin(server.ws_url) as ws:
+        ws.burst([{"type": "PING", "id": i} for i in range(n)])
+        time.sleep(0.5)  # the client reads nothing meanwhile
+        ids = [ws.expect("PONG", 30)["id"] for _ in range(n)]
+        assert ids == list(range(n))
+    alive(server)
+
+
+def test_double_and_foreign_acks_are_unknown_delivery_tag(
+    server: LiveServer, admin: httpx.Client, no_crash: Any
+) -> None:
+    declare_queue(admin, "acks")
+    publish(admin, "acks", "one")
+    publish(admin, "acks", "two")
+    with WsClient.admin(server.ws_url) as owner, WsClient.admin(server.ws_url) as stranger:
+        owner.subscribe("acks", 2)
+        first, second = owner.deliveries_n(2)
+        # foreign: another connection's tag
+        reply = stranger.ack(first["delivery_tag"])
+        assert reply["type"] == "ERROR"
+        assert reply["code"] == "unknown_delivery_tag"
+        assert reply["delivery_tag"] == first["delivery_tag"]
+        reply = stranger.nack(second["delivery_tag"])
+        assert reply["code"] == "unknown_delivery_tag"
+        # forged: a well-formed tag of a real message with another random part
+        forged = first["delivery_tag"].split(".")[0] + "." + "0" * 32
+        assert owner.ack(forged)["code"] == "unknown_delivery_tag"
+        # the owner's own ack still works once, not twice
+        assert owner.ack(first["delivery_tag"])["type"] == "ACKED"
+        assert owner.ack(first["delivery_tag"])["code"] == "unknown_delivery_tag"
+        assert owner.nack(second["delivery_tag"], requeue=False)["type"] == "NACKED"
+        assert owner.nack(second["delivery_tag"])["code"] == "unknown_delivery_tag"
+        # a storm of double acks in one burst: every one answered, none changes anything
+        owner.burst(
+            [{"type": "ACK", "delivery_tag": first["delivery_tag"], "id": i} for i in range(300)]
+        )
+        replies = [owner.expect("ERROR", 10) for _ in range(300)]
+        assert {r["code"] for r in replies} == {"unknown_delivery_tag"}
+    final = {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0, "consumers": 0}
+    wait_for(lambda: admin.get("/queues/acks").json()["stats"] == final, 5)
