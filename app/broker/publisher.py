@@ -46,6 +46,13 @@ _ATTEMPTS = 3
 #: at most this many publish calls share one group write (MESSAGEX_PUBLISH_GROUP_MAX)
 GROUP_MAX = 256
 
+#: how long a publish whose commit is in doubt keeps asking the database whether it was
+#: stored (a restarting PostgreSQL takes about a second or two) before it answers 503
+IN_DOUBT_SECONDS = 5.0
+
+#: publish receipts older than this are swept (they matter for IN_DOUBT_SECONDS only)
+RECEIPT_TTL_SECONDS = 300
+
 
 @dataclass(slots=True)
 class _Plan:
@@ -265,7 +272,42 @@ class Publisher:
             offset = len(messages)
             messages.extend((plan.exchange, m) for m in plan.messages)
             copies.extend((offset + index, queue_id) for index, queue_id in plan.copies)
-        await store.insert_copies(self.db.hot, messages, copies)
+        receipt = str(uuid.uuid4())
+        try:
+            await store.insert_copies(self.db.hot, messages, copies, receipt)
+        except store.PublishInDoubt:
+            await self._settle_in_doubt(receipt)
+
+    async def _settle_in_doubt(self, receipt: str) -> None:
+        """The connection broke while the group's statement was committing: ask the database,
+        on a fresh connection, whether it was stored (return) or not (Unavailable: a 503 that
+        did nothing, as the contract says). Only when the database cannot be asked within
+        IN_DOUBT_SECONDS is the outcome still unknown; the 503 then says so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + IN_DOUBT_SECONDS
+        pause = 0.05
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    stored = await store.settle_in_doubt(self.db.hot, receipt)
+            except (Unavailable, TimeoutError):
+                if loop.time() + pause > deadline:
+                    log.warning("publish in doubt: the database could not be asked in time")
+                    raise Unavailable(
+                        "the database connection broke while the publish was committing and "
+                        "the database could not be asked whether it was stored: it may have "
+                        "been; publish again with the same properties.message_id"
+                    ) from None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            log.warning("publish in doubt settled: %s", "stored" if stored else "not stored")
+            if not stored:
+                raise Unavailable()
+            return
+
+    async def sweep_receipts(self) -> None:
+        await store.sweep_receipts(self.db.hot, RECEIPT_TTL_SECONDS)
 
     # ------------------------------------------------------------------------- steps
 

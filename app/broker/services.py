@@ -43,6 +43,10 @@ class Services:
             every(SESSION_SWEEP_SECONDS, self.auth.sweep_expired_sessions, "session-sweep"),
             name="session-sweep",
         )
+        self.delivery.tasks.spawn(
+            every(SESSION_SWEEP_SECONDS, self.publisher.sweep_receipts, "receipt-sweep"),
+            name="receipt-sweep",
+        )
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
         if isinstance(event, UserRevoked):

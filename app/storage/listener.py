@@ -40,6 +40,9 @@ class Listener:
         self._conn: Any = None
         self._lock = asyncio.Lock()
         self.connected = asyncio.Event()
+        #: Set when the connection is known to be broken (the server closed it, or a NOTIFY on
+        #: it failed): the watcher reconnects at once instead of at its next keep-alive check.
+        self._lost = asyncio.Event()
 
     def _callback(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -72,14 +75,21 @@ class Listener:
             server_settings={"application_name": "messagex-listener"},
         )
         await conn.add_listener(self.channel, self._callback)
+        conn.add_termination_listener(lambda _conn: self._lost.set())
+        self._lost.clear()
         self._conn = conn
         self.connected.set()
         # After a (re)connect, wake-ups sent meanwhile are lost: let the owner poll once.
         self.on_connected()
 
     async def _watch(self) -> None:
+        """Return (to reconnect) when the connection is lost; check it every keep-alive period,
+        since a peer that vanished without closing the socket is noticed only by asking."""
         while True:
-            await asyncio.sleep(self.keepalive_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), self.keepalive_seconds)
+            if self._lost.is_set():
+                raise ConnectionError("the LISTEN connection was closed")
             async with self._lock:
                 await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.connect_timeout)
 
@@ -104,6 +114,8 @@ class Listener:
             raise
         except Exception as exc:
             log.warning("NOTIFY failed (%s); the poll fallback covers it", type(exc).__name__)
+            if not isinstance(exc, asyncpg.PostgresError):  # no answer: the link is broken
+                self._lost.set()  # reconnect now, not at the next keep-alive check
             return False
         return True
 

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
 from app.domain.routing import BindingRule
-from app.errors import NotFound
+from app.errors import NotFound, Unavailable
 from app.storage.database import constraint_of
 from app.storage.fastpath import HotPath, Statement, constraint_name
 
@@ -75,8 +75,11 @@ FIND_QUEUES = text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS 
 # database clock. One statement is atomic on its own: no transaction block around it. The
 # foreign key check takes KEY SHARE on each target queue row, so a concurrent queue delete
 # either waits for this commit (and then deletes the copies with the queue) or has already
-# won (FK violation: QueueDeleted, nothing stored).
+# won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
+# publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
+# copies do: see settle_in_doubt.
 INSERT_COPIES = text("""
+WITH receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid)))
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
                       body, "binary", available_at)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
@@ -94,7 +97,25 @@ JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
 ORDER BY c.ord
 """)
 
+# The fence of an in-doubt publish: insert its receipt ourselves. A row back means the
+# publish's statement did not commit, and since its own receipt insert would now conflict,
+# it never will; no row (ON CONFLICT) means it committed. A commit still in progress holds
+# the key: this waits for it, then sees which way it went.
+SETTLE_RECEIPT = text("""
+INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid))
+ON CONFLICT (token) DO NOTHING
+RETURNING true
+""")
+
+# Receipts only matter for the seconds after a connection broke mid-publish.
+SWEEP_RECEIPTS = text("""
+DELETE FROM publish_receipts
+WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 second'
+""")
+
 _LOAD_ROUTES = Statement(LOAD_ROUTES)
+_SETTLE_RECEIPT = Statement(SETTLE_RECEIPT)
+_SWEEP_RECEIPTS = Statement(SWEEP_RECEIPTS)
 _FIND_QUEUES = Statement(FIND_QUEUES)
 _INSERT_COPIES = Statement(INSERT_COPIES)
 
@@ -136,20 +157,29 @@ def _json_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+class PublishInDoubt(Exception):
+    """The connection failed after the publish statement was sent: it may have committed.
+    ``settle_in_doubt`` with the same receipt says which way it went."""
+
+
 async def insert_copies(
     hot: HotPath,
     messages: Sequence[tuple[str, OutgoingMessage]],
     copies: Sequence[tuple[int, int]],
+    receipt: str,
 ) -> None:
-    """Insert one row per ``(message index, queue id)`` in ``copies``, in that order.
+    """Insert one row per ``(message index, queue id)`` in ``copies``, in that order, and
+    the publish receipt ``receipt`` (a UUID, new for each call) with them.
 
     ``messages`` are (exchange, message) pairs whose messages carry their final
     ``message_id`` and ``properties``. Raises QueueDeleted (nothing stored) when a target
-    queue no longer exists.
+    queue no longer exists; Unavailable when the statement was never sent (nothing stored);
+    PublishInDoubt when the connection failed after it was sent.
     """
     if not copies:
         return
     params = {
+        "receipt": receipt,
         "copy_msg": [index + 1 for index, _ in copies],
         "copy_queue": [queue_id for _, queue_id in copies],
         "exchange": [e for e, _ in messages],
@@ -161,13 +191,35 @@ async def insert_copies(
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
     }
+    sent = False
+    try:
+        async with hot.connection() as conn:
+            try:
+                sent = True
+                await conn.execute(_INSERT_COPIES.sql, *_INSERT_COPIES.args(params))
+            except asyncpg.ForeignKeyViolationError as exc:
+                if constraint_name(exc) == _FK_MESSAGES_QUEUE:
+                    raise QueueDeleted() from None
+                raise
+    except Unavailable:
+        if sent:
+            raise PublishInDoubt() from None
+        raise
+
+
+async def settle_in_doubt(hot: HotPath, receipt: str) -> bool:
+    """Whether the publish that carried ``receipt`` committed; from now on it cannot.
+    Raises Unavailable when the database cannot be asked."""
+    fenced = await hot.fetchval(_SETTLE_RECEIPT, {"receipt": receipt})
+    return fenced is None
+
+
+async def sweep_receipts(hot: HotPath, older_than_seconds: int) -> int:
     async with hot.connection() as conn:
-        try:
-            await conn.execute(_INSERT_COPIES.sql, *_INSERT_COPIES.args(params))
-        except asyncpg.ForeignKeyViolationError as exc:
-            if constraint_name(exc) == _FK_MESSAGES_QUEUE:
-                raise QueueDeleted() from None
-            raise
+        status: str = await conn.execute(
+            _SWEEP_RECEIPTS.sql, *_SWEEP_RECEIPTS.args({"older_than_seconds": older_than_seconds})
+        )
+    return int(status.rsplit(" ", 1)[-1])
 
 
 # ----------------------------------------------------------------------------- browse

@@ -233,3 +233,15 @@ subscriptions = Table(
 )
 Index(None, subscriptions.c.queue_id)
 Index(None, subscriptions.c.process_id)
+
+publish_receipts = Table(
+    "publish_receipts",
+    metadata,
+    # One row per publish group write, inserted by the same statement as its messages: when
+    # the connection breaks while that statement commits, the broker looks for the receipt
+    # (inserting it itself, which fences off a commit still in progress) to learn whether
+    # the publish was stored. Rows older than a few minutes serve no one and are swept.
+    Column("token", UUID(as_uuid=False), primary_key=True),
+    _ts("created_at"),
+)
+Index(None, publish_receipts.c.created_at)

@@ -354,8 +354,10 @@ class Publisher(Worker):
             assert r.json()["message_id"] == mid, r.text
             self.ledger.published(record, "ok", 200)
         else:
-            code = r.json().get("code") if "json" in r.headers.get("content-type", "") else None
-            self.ledger.published(record, "failed", r.status_code, code)
+            problem = r.json() if "json" in r.headers.get("content-type", "") else {}
+            # a 503 whose in-doubt commit the broker could not settle says "it may have been"
+            outcome = "unknown" if "may have been" in str(problem.get("detail")) else "failed"
+            self.ledger.published(record, outcome, r.status_code, problem.get("code"))
             time.sleep(0.02)
 
 

@@ -113,7 +113,9 @@ def run_restart(own_pg: OwnPostgres, logs: Path, mode: str, down_seconds: float,
     assert slowest < FAIL_FAST_SECONDS
     assert max(publish_seconds) < FAIL_FAST_SECONDS
     assert all(p.status == 503 for p in ledger.publishes.values() if p.outcome == "failed")
-    assert ledger.count("unknown") == 0
+    # no transport error (a hang, a reset): an in-doubt commit the broker could not settle
+    # while the database was down is an honest 503 that says "it may have been" (unknown)
+    assert all(p.status == 503 for p in ledger.publishes.values() if p.outcome == "unknown")
     assert ledger.count("failed") > 0  # the outage really hit the publishers
     return report
 

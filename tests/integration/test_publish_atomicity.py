@@ -4,6 +4,7 @@ PostgreSQL: failures midway, a queue deleted mid-publish, and the 500 a client t
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import asyncpg
@@ -197,7 +198,9 @@ async def test_direct_publish_to_a_queue_deleted_mid_publish_is_404(
 
 async def test_insert_into_a_missing_queue_is_queue_deleted(db: Database) -> None:
     with pytest.raises(store.QueueDeleted):
-        await store.insert_copies(db.hot, [("x", message(message_id="m"))], [(0, 999_999)])
+        await store.insert_copies(
+            db.hot, [("x", message(message_id="m"))], [(0, 999_999)], str(uuid.uuid4())
+        )
 
 
 async def test_a_listener_that_fails_does_not_fail_the_publish(db: Database, topology: str) -> None:

@@ -1,0 +1,73 @@
+"""The LISTEN connection (app/storage/listener.py) against a real PostgreSQL: it reconnects as
+soon as its session ends, not at its next keep-alive check, and push works again after it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from app.storage.listener import Listener
+from tests.support import async_wait_for, asyncpg_dsn
+
+#: Far longer than any wait below: a reconnect seen in time cannot come from the keep-alive.
+KEEPALIVE = 120.0
+
+
+@pytest.fixture
+async def listening(database_url: str) -> AsyncIterator[tuple[Listener, list[str], list[int]]]:
+    received: list[str] = []
+    connects: list[int] = []
+    listener = Listener(
+        database_url,
+        "messagex_test_channel",
+        received.append,
+        lambda: connects.append(1),
+        keepalive_seconds=KEEPALIVE,
+    )
+    task = asyncio.create_task(listener.run())
+    try:
+        await async_wait_for(lambda: connects, 10, message="first LISTEN")
+        yield listener, received, connects
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await listener.close()
+
+
+async def _terminate_listener(url: str) -> int:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'messagex-listener'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_terminated_listen_session_is_replaced_at_once_and_push_resumes(
+    database_url: str, listening: tuple[Listener, list[str], list[int]]
+) -> None:
+    listener, received, connects = listening
+    assert await _terminate_listener(database_url) == 1
+    await async_wait_for(lambda: len(connects) == 2, 10, message="LISTEN again")
+    assert await listener.notify("after")
+    await async_wait_for(lambda: "after" in received, 5, message="notification")
+
+
+async def test_a_failed_notify_makes_the_listener_reconnect(
+    database_url: str, listening: tuple[Listener, list[str], list[int]]
+) -> None:
+    listener, received, connects = listening
+    # The socket under the listener breaks: a NOTIFY on it answers False (a hint lost, never
+    # an error raised into a publish), and the listener is back without waiting a keep-alive.
+    listener._conn._transport.abort()
+    assert not await listener.notify("lost")
+    await async_wait_for(lambda: len(connects) == 2, 10, message="LISTEN again")
+    assert await listener.notify("after")
+    await async_wait_for(lambda: "after" in received, 5, message="notification")
