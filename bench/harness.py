@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -88,6 +89,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-fast", action="store_true", help="stop at the first scenario that is not ok"
     )
+    p.add_argument(
+        "--only",
+        metavar="REGEX",
+        help="run only the scenarios whose name matches, e.g. 'batch.*prefetch=100'",
+    )
     return p
 
 
@@ -109,6 +115,7 @@ class Config:
     fail_fast: bool = False
     workers: int = 1
     broker_env: dict[str, str] = field(default_factory=dict)
+    only: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -143,6 +150,7 @@ class Config:
             fail_fast=args.fail_fast,
             workers=args.workers,
             broker_env=dict(kv.split("=", 1) for kv in args.broker_env),
+            only=args.only,
         )
 
 
@@ -191,6 +199,9 @@ class Run:
 
     async def scenario(self, group: str, name: str, work: Awaitable[Any]) -> None:
         """Run one scenario (or a batch of them); a failure is recorded, not fatal."""
+        if self.cfg.only and not re.search(self.cfg.only, name):
+            work.close()  # type: ignore[attr-defined]
+            return
         print(f"… {name}", file=sys.stderr, flush=True)
         if self.broker is not None and not self.broker.running():
             work.close()  # type: ignore[attr-defined]

@@ -140,22 +140,25 @@ class WsConnection:
         self.send(error_frame(exc, frame_id, **fields))
 
     async def _sender(self) -> None:
+        loop = asyncio.get_running_loop()
+        send = self.ws.send
         while True:
-            for item in await self.outbox.take():
-                try:
-                    if isinstance(item, _Close):
-                        await asyncio.wait_for(
-                            self.ws.close(item.code, item.reason), SEND_TIMEOUT_SECONDS
-                        )
-                        return
-                    await asyncio.wait_for(
-                        self.ws.send({"type": "websocket.send", "text": item.decode()}),
-                        SEND_TIMEOUT_SECONDS,
-                    )
-                except TimeoutError:
-                    log.warning("closing a WebSocket that stopped reading (send timeout)")
-                    self._abort()
-                    return
+            items = await self.outbox.take()
+            try:
+                # One timeout for the whole batch, moved forward before each frame: every send
+                # still gets SEND_TIMEOUT_SECONDS, without a task and a timer per frame (which
+                # asyncio.wait_for costs).
+                async with asyncio.timeout(None) as deadline:
+                    for item in items:
+                        deadline.reschedule(loop.time() + SEND_TIMEOUT_SECONDS)
+                        if isinstance(item, _Close):
+                            await self.ws.close(item.code, item.reason)
+                            return
+                        await send({"type": "websocket.send", "text": item.decode()})
+            except TimeoutError:
+                log.warning("closing a WebSocket that stopped reading (send timeout)")
+                self._abort()
+                return
 
     def _abort(self) -> None:
         """Drop the TCP connection: a graceful close would wait for the peer to read."""
