@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
+from fastapi.openapi.models import OpenAPI
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema
 
 from app import __version__
 from app.api import problems, ui
@@ -25,6 +32,7 @@ from app.config import Settings, load_settings
 from app.lifespan import lifespan
 
 API_PREFIX = "/api/v1"
+REF_TEMPLATE = "#/components/schemas/{model}"
 
 TAGS = [
     {"name": "auth", "description": "Log in and out; who am I"},
@@ -64,4 +72,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
+    _register_body_models(app, publish.BODY_MODELS)
     return app
+
+
+def _register_body_models(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Put request models that routes take as plain JSON (and validate themselves) into the
+    OpenAPI components, where their requestBody ``$ref`` points, as FastAPI would have."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = generate()
+            # the same generator and final pass as FastAPI's own (fastapi.openapi.utils)
+            generator = GenerateJsonSchema(ref_template=REF_TEMPLATE)
+            inputs = [(m, "validation", TypeAdapter(m).core_schema) for m in models]
+            _, definitions = generator.generate_definitions(inputs)  # type: ignore[arg-type]
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(definitions)
+            document["components"]["schemas"] = dict(sorted(schemas.items()))
+            app.openapi_schema = jsonable_encoder(
+                OpenAPI(**document), by_alias=True, exclude_none=True
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

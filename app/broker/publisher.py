@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from app.auth.permissions import Access, require
@@ -325,7 +326,9 @@ class Publisher:
                     f"{_where(index, len(messages))}: the body is {len(message.body)} bytes, "
                     f"over the limit of {limit} bytes; nothing was stored"
                 )
-            message_id = message.message_id or str(uuid.uuid4())
+        ids = _uuid4_strings(sum(1 for m in messages if not m.message_id))
+        for message in messages:
+            message_id = message.message_id or next(ids)
             if message.message_id and message.properties.get("message_id") == message_id:
                 prepared.append(message)
                 continue
@@ -372,6 +375,17 @@ class Publisher:
                 listener(set(queue_ids))
             except Exception:
                 log.exception("a published listener failed")
+
+
+def _uuid4_strings(n: int) -> Iterator[str]:
+    """``n`` random (version 4) UUIDs in their text form, from one read of ``os.urandom``:
+    a third of what ``str(uuid.uuid4())`` costs each, which shows at 100 per batch."""
+    raw = bytearray(os.urandom(16 * n))
+    for start in range(0, 16 * n, 16):
+        raw[start + 6] = (raw[start + 6] & 0x0F) | 0x40  # version 4
+        raw[start + 8] = (raw[start + 8] & 0x3F) | 0x80  # RFC 4122 variant
+        h = raw[start : start + 16].hex()
+        yield f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _fail(group: list[_Request], exc: BaseException) -> None:
