@@ -51,6 +51,9 @@ GROUP_MAX = 256
 #: stored (a restarting PostgreSQL takes about a second or two) before it answers 503
 IN_DOUBT_SECONDS = 5.0
 
+#: at most this many queue ids are remembered for direct publishes (then forgotten at once)
+QUEUE_ID_CACHE_MAX = 10_000
+
 #: publish receipts older than this are swept (they matter for IN_DOUBT_SECONDS only)
 RECEIPT_TTL_SECONDS = 300
 
@@ -131,6 +134,11 @@ class Publisher:
         self._flushing = False
         self.group_max = group_max
         self.tasks = TaskOwner()
+        #: queue name → id for direct publishes, saving a lookup per publish. Never wrong for
+        #: long: ids are never reused, so a stale entry (the queue was deleted, or deleted
+        #: and declared again) makes the insert's foreign key fail (QueueDeleted, nothing
+        #: stored), and the retry looks the name up again.
+        self._queue_ids: dict[str, int] = {}
 
     def add_published_listener(self, callback: PublishedListener) -> None:
         """Call ``callback(queue_ids)`` after each commit that stored at least one copy.
@@ -200,6 +208,7 @@ class Publisher:
                 for request in group:
                     await self._write_group([request])
             elif isinstance(exc, store.QueueDeleted) and attempt < _ATTEMPTS:
+                self._queue_ids.clear()
                 await self._write_group(group, attempt + 1)
             elif isinstance(exc, store.QueueDeleted) and group[0].queue is not None:
                 _fail(group, NotFound(f"queue '{group[0].queue}' not found"))
@@ -223,18 +232,24 @@ class Publisher:
         """Route every request against one snapshot of the routes (two reads at most, run
         side by side); a request that cannot be routed gets its error, the others go on."""
         exchanges = sorted({r.exchange for r in group if r.exchange is not None})
-        queues = sorted({r.queue for r in group if r.queue is not None})
+        cached = self._queue_ids
+        queues = sorted({r.queue for r in group if r.queue is not None and r.queue not in cached})
         routes: dict[str, store.ExchangeRoutes] = {}
-        queue_ids: dict[str, int] = {}
+        found: dict[str, int] = {}
         if exchanges and queues:
-            routes, queue_ids = await asyncio.gather(
+            routes, found = await asyncio.gather(
                 store.load_routes(self.db.hot, exchanges),
                 store.find_queue_ids(self.db.hot, queues),
             )
         elif exchanges:
             routes = await store.load_routes(self.db.hot, exchanges)
         elif queues:
-            queue_ids = await store.find_queue_ids(self.db.hot, queues)
+            found = await store.find_queue_ids(self.db.hot, queues)
+        if found:
+            if len(cached) + len(found) > QUEUE_ID_CACHE_MAX:
+                cached.clear()
+            cached.update(found)
+        queue_ids = cached
         plans: list[_Plan | BrokerError] = []
         for request in group:
             try:

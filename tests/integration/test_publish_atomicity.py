@@ -246,3 +246,27 @@ def test_the_api_answers_a_failure_midway_with_a_bare_500(
         ok = admin.post("/exchanges/fan/publish", json={"body": "fine"})
         assert ok.status_code == 200
         assert ok.json()["queues"] == ["q1", "q2", "q3"]
+
+
+async def test_a_remembered_queue_id_that_went_stale_is_looked_up_again(
+    db: Database, topology: str
+) -> None:
+    """Direct publishes remember queue ids; a queue deleted (and declared again, with a new
+    id) behind the publisher's back costs one retry, never a misdirected or lost message."""
+    publisher, _metrics, _woken = publisher_for(db)
+    await publisher.publish_to_queue(ADMIN, "q1", [message()])  # remembers q1's id
+    await execute(topology, "DELETE FROM queues WHERE name = 'q1'")
+    await execute(topology, "INSERT INTO queues (name) VALUES ('q1')")
+    results = await publisher.publish_to_queue(ADMIN, "q1", [message(b'"again"')])
+    assert results[0].queues == ["q1"]
+    rows = await execute(
+        topology,
+        "SELECT convert_from(m.body, 'UTF8') FROM messages m JOIN queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1",
+        "q1",
+    )
+    assert [r[0] for r in rows] == ['"again"']
+    await execute(topology, "DELETE FROM queues WHERE name = 'q1'")
+    with pytest.raises(NotFound):
+        await publisher.publish_to_queue(ADMIN, "q1", [message()])
+    assert await count(topology) == 0
