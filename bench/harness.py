@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, ceiling, mx, rabbit, report
+from bench import backlog, ceiling, groupcommit, mx, rabbit, report
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -36,8 +36,8 @@ from bench.infra import (
 )
 from bench.stats import MESSAGE_BYTES, BenchError, Result
 
-GROUPS = ("ceiling", "messagex", "rabbitmq", "idle", "backlog")
-NEEDS_BROKER = {"ceiling", "messagex", "idle", "backlog"}
+GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog")
+NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog"}
 NEEDS_RABBITMQ = {"rabbitmq", "idle"}
 
 CEILING_BATCHES = (1, 10, 100)
@@ -83,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
         help="extra environment for the broker, e.g. MESSAGEX_PUBLISH_GROUP_MAX=1",
     )
     p.add_argument("--consumers", type=int, default=2, help="consumers per scenario (2)")
+    p.add_argument(
+        "--gc-clients",
+        type=int,
+        default=groupcommit.CLIENTS,
+        help=f"concurrent publishers in the group-commit scenarios ({groupcommit.CLIENTS})",
+    )
     p.add_argument("--deadline", type=float, help="hard limit per scenario, s (120; smoke 10)")
     p.add_argument("--idle-count", type=int, help="messages in the idle test (500; smoke 50)")
     p.add_argument("--probes", type=int, help="claims per backlog probe (200; smoke 10)")
@@ -116,6 +122,7 @@ class Config:
     workers: int = 1
     broker_env: dict[str, str] = field(default_factory=dict)
     only: str | None = None
+    gc_clients: int = groupcommit.CLIENTS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -151,6 +158,7 @@ class Config:
             workers=args.workers,
             broker_env=dict(kv.split("=", 1) for kv in args.broker_env),
             only=args.only,
+            gc_clients=args.gc_clients,
         )
 
 
@@ -168,10 +176,11 @@ class Run:
 
     # -- meters -----------------------------------------------------------------------------
 
-    def mx_meters(self) -> Meters:
+    def mx_meters(self, broker: BrokerProcess | None = None) -> Meters:
         samplers: dict[str, Callable[[], dict[int, float]]] = {}
-        if self.broker is not None and self.broker.pid is not None:
-            pid = self.broker.pid
+        broker = broker or self.broker
+        if broker is not None and broker.pid is not None:
+            pid = broker.pid
             samplers["broker"] = lambda: tree_sample(pid)
         if self.pg is not None and self.pg.info.get("postmaster_pid"):
             postmaster, dbname = self.pg.info["postmaster_pid"], self.pg.dbname
@@ -247,6 +256,32 @@ class Run:
                 work = mx.pull_throughput(settings, mode, max_messages)
                 await self.scenario("messagex", name, work)
 
+    async def run_groupcommit(self) -> None:
+        """The same single-publish load on this run's broker (group commit on) and on a
+        second broker on the same database with MESSAGEX_PUBLISH_GROUP_MAX=1."""
+        assert self.pg is not None
+        assert self.broker is not None
+        c = self.cfg
+        settings = groupcommit.Settings(c.count, c.gc_clients, c.deadline)
+        off = BrokerProcess(
+            self.pg.url,
+            user=self.broker.user,
+            password=self.broker.password,
+            workers=c.workers,
+            extra_env={**c.broker_env, "MESSAGEX_PUBLISH_GROUP_MAX": "1"},
+        )
+        await off.start()
+        try:
+            for broker, grouped in ((self.broker, True), (off, False)):
+                mode = "on" if grouped else "off"
+                name = f"mx publish single clients={c.gc_clients} group_commit={mode}"
+                meters = self.mx_meters(broker)
+                work = groupcommit.publish_load(settings, broker, meters, name, grouped)
+                await self.scenario("groupcommit", name, work)
+        finally:
+            await off.stop()
+            off.cleanup()
+
     async def run_rabbitmq(self) -> None:
         if self.rabbit_skipped:
             return
@@ -314,6 +349,7 @@ class Run:
         runners = {
             "ceiling": self.run_ceiling,
             "messagex": self.run_messagex,
+            "groupcommit": self.run_groupcommit,
             "rabbitmq": self.run_rabbitmq,
             "idle": self.run_idle,
             "backlog": self.run_backlog,

@@ -48,7 +48,7 @@ def compare(mine: Result, base: Result, cpu: str = "server") -> dict[str, Any]:
         "p50": _ratio(_lat(mine, "p50"), _lat(base, "p50")),
         "p99": _ratio(_lat(mine, "p99"), _lat(base, "p99")),
         "cpu_per_1k": cpu_ratio,
-        "cpu_basis": "broker+postgres vs rabbitmq" if cpu == "server" else "postgres vs postgres",
+        "cpu_basis": "broker+postgres (vs rabbitmq)" if cpu == "server" else "postgres vs postgres",
     }
 
 
@@ -66,6 +66,9 @@ def ratios(results: Iterable[Result]) -> list[dict[str, Any]]:
         ceiling = ceilings.get((1 if mode == "single" else BATCH, CEILING_CONNECTIONS))
         if ceiling is not None:
             out.append(compare(r, ceiling, cpu="postgres"))
+    grouped = {r.params["group_commit"]: r for r in ok if r.group == "groupcommit"}
+    if True in grouped and False in grouped:
+        out.append(compare(grouped[True], grouped[False]))
     idle = {r.name.split()[0]: r for r in ok if r.group == "idle"}
     if "mx" in idle and "rabbitmq" in idle:
         out.append(compare(idle["mx"], idle["rabbitmq"]))
@@ -122,7 +125,9 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
         "msg/s: first publish → last delivery; latency: publish → delivery; CPU columns: "
         "CPU seconds per 1,000 messages",
     ]
-    throughput = [r for r in results if r.group in ("ceiling", "messagex", "rabbitmq", "idle")]
+    throughput = [
+        r for r in results if r.group in ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle")
+    ]
     if throughput:
         lines += ["", THROUGHPUT_HEADER, "-" * len(THROUGHPUT_HEADER)]
         lines += [_throughput_row(r) for r in throughput]

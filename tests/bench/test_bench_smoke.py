@@ -20,9 +20,10 @@ from bench.infra import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 
-THROUGHPUT_GROUPS = ("ceiling", "messagex")
-#: ceiling 3 batches x 2 connection counts; MessageX 2 publish modes x 3 prefetches x (ws, pull)
-EXPECTED_COUNTS = {"ceiling": 6, "messagex": 12}
+THROUGHPUT_GROUPS = ("ceiling", "messagex", "groupcommit")
+#: ceiling 3 batches x 2 connection counts; MessageX 2 publish modes x 3 prefetches x (ws, pull);
+#: single publishes from many clients with group commit on and off
+EXPECTED_COUNTS = {"ceiling": 6, "messagex": 12, "groupcommit": 2}
 
 
 def run_smoke(out: Path) -> tuple[int, str, str]:
@@ -122,7 +123,11 @@ def test_smoke_run_reports_idle_backlog_ratios_and_a_table(
         assert s["status"] == "ok", s
         assert s["latency_ms"]["p50"] > 0, s
     baselines = {r["baseline"] for r in doc["ratios"]}
-    assert baselines == {"ceiling batch=1 connections=4", "ceiling batch=100 connections=4"}
+    assert baselines == {
+        "ceiling batch=1 connections=4",
+        "ceiling batch=100 connections=4",
+        "mx publish single clients=32 group_commit=off",
+    }
     for r in doc["ratios"]:
         assert r["rate"] > 0, r
     assert "ceiling batch=1 connections=1" in stdout
