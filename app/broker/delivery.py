@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -23,7 +23,7 @@ from app.broker.wakeups import WakeHub, wait_event
 from app.config import Settings
 from app.domain.model import User
 from app.domain.retry import Outcome
-from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable
+from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable, UnknownDeliveryTag
 from app.metrics import Metrics
 from app.storage import deliveries, liveness
 from app.storage.database import Database
@@ -223,9 +223,27 @@ class DeliveryEngine:
         except Unavailable:
             log.warning("could not remove a subscription row; the heartbeat reaper will")
 
-    async def ack(self, outlet: Outlet, tag: str) -> None:
-        queue_id = await self.settlement.ack(outlet.id, tag)
-        self._free_credit(outlet.id, tag, queue_id)
+    def ack_soon(
+        self, outlet: Outlet, tag: str, done: Callable[[BaseException | None], None]
+    ) -> asyncio.Future[int | None]:
+        """``ack`` without a task: ``done(None)`` once settled (credit freed), or
+        ``done(error)`` (UnknownDeliveryTag, Unavailable, ...). Returns what to wait for."""
+        future = self.settlement.submit_ack(outlet.id, tag)
+
+        def settled(f: asyncio.Future[int | None]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is None:
+                queue_id = f.result()
+                if queue_id is None:
+                    exc = UnknownDeliveryTag()
+                else:
+                    self._free_credit(outlet.id, tag, queue_id)
+            done(exc)
+
+        future.add_done_callback(settled)
+        return future
 
     async def nack(self, outlet: Outlet, tag: str, requeue: bool) -> Outcome:
         outcome, queue_id = await self.settlement.nack(

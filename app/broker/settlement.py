@@ -67,20 +67,21 @@ class Settlement:
 
     # -- ACK ------------------------------------------------------------------------------
 
-    async def ack(self, owner_connection: str, tag: str) -> int:
-        """Acknowledge; returns the queue id. Raises UnknownDeliveryTag."""
+    def submit_ack(self, owner_connection: str, tag: str) -> asyncio.Future[int | None]:
+        """Queue an acknowledgement for the next batched statement. The future resolves to
+        the queue id, or None when the tag is not a live delivery of that connection (the
+        caller's UnknownDeliveryTag); it fails with Unavailable/InternalError like a query.
+        No task per ack: a consumer acking every message sends thousands a second."""
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         message_id = parse_tag(tag)
         if message_id is None:
-            raise UnknownDeliveryTag()
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+            return future
         self._pending.append(_PendingAck(message_id, tag, owner_connection, future))
         if not self._flushing:
             self._flushing = True
             self.tasks.spawn(self._flush(), name="ack-flush")
-        queue_id = await future
-        if queue_id is None:
-            raise UnknownDeliveryTag()
-        return queue_id
+        return future
 
     async def _flush(self) -> None:
         try:

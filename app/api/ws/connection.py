@@ -104,7 +104,7 @@ class WsConnection:
         self.state = State.AUTHENTICATING if user is None else State.OPEN
         self.outbox = Outbox()
         self._bad_frames: deque[float] = deque()
-        self._ops: set[asyncio.Task[None]] = set()
+        self._ops: set[asyncio.Future[Any]] = set()
         self._ops_room = asyncio.Semaphore(MAX_INFLIGHT_OPS)
         self.client = ws.client.host if ws.client else None
 
@@ -303,15 +303,33 @@ class WsConnection:
             await self._guarded(self._subscribe(frame, frame_id), frame_id)
         elif isinstance(frame, frames.UnsubscribeFrame):
             await self._guarded(self._unsubscribe(frame, frame_id), frame_id)
+        elif isinstance(frame, frames.AckFrame):
+            # The frame a busy consumer sends per message: settled through a callback on the
+            # batched ack's future, not a task per frame.
+            await self._ops_room.acquire()
+            tag = frame.delivery_tag
+            pending = self.engine.ack_soon(self, tag, partial(self._acked, tag, frame_id))
+            self._ops.add(pending)
+            pending.add_done_callback(self._op_done)
         else:
             await self._ops_room.acquire()
             task = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
             self._ops.add(task)
             task.add_done_callback(self._op_done)
 
-    def _op_done(self, task: asyncio.Task[None]) -> None:
-        self._ops.discard(task)
+    def _op_done(self, op: asyncio.Future[Any]) -> None:
+        self._ops.discard(op)
         self._ops_room.release()
+
+    def _acked(self, tag: str, frame_id: str | int | None, exc: BaseException | None) -> None:
+        if exc is None:
+            if frame_id is not None:
+                self.reply(frame_id, {"type": "ACKED", "delivery_tag": tag})
+        elif isinstance(exc, BrokerError):
+            self.error(exc, frame_id, delivery_tag=tag)
+        else:
+            log.error("an ACK failed unexpectedly: %s", type(exc).__name__)
+            self.error(BrokerError("an internal error occurred"), frame_id, delivery_tag=tag)
 
     async def _guarded(self, work: Any, frame_id: str | int | None) -> None:
         try:
@@ -340,21 +358,10 @@ class WsConnection:
         self.reply(frame_id, {"type": "UNSUBSCRIBED", "queue": frame.queue})
 
     async def _op(self, frame: frames.Frame, frame_id: str | int | None) -> None:
-        if isinstance(frame, frames.AckFrame):
-            await self._ack(frame, frame_id)
-        elif isinstance(frame, frames.NackFrame):
+        if isinstance(frame, frames.NackFrame):
             await self._nack(frame, frame_id)
         elif isinstance(frame, frames.PublishFrame):
             await self._publish(frame, frame_id)
-
-    async def _ack(self, frame: frames.AckFrame, frame_id: str | int | None) -> None:
-        try:
-            await self.engine.ack(self, frame.delivery_tag)
-        except BrokerError as exc:
-            exc.extra["delivery_tag"] = frame.delivery_tag
-            raise
-        if frame_id is not None:
-            self.reply(frame_id, {"type": "ACKED", "delivery_tag": frame.delivery_tag})
 
     async def _nack(self, frame: frames.NackFrame, frame_id: str | int | None) -> None:
         try:
