@@ -411,7 +411,9 @@ class Meters:
         names = [n for n in self.samplers if n in self.polled]
         while True:
             await asyncio.sleep(self.poll_s)
-            self._read(names)
+            # In a thread: reading /proc for every PostgreSQL process takes milliseconds, which
+            # on the event loop would land in the latencies the scenario is measuring.
+            await asyncio.to_thread(self._read, names)
 
     def stop(self) -> None:
         if self._poller is not None:
