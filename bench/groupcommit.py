@@ -63,7 +63,8 @@ async def publish_load(
         path = f"/api/v1/queues/{queue}/messages"
         request = RawHttp.post_request(broker.port, mx.authorization, path, body)
         connections = [await RawHttp.open(broker.port) for _ in range(s.clients)]
-        remaining, confirms = [s.count], []
+        remaining: list[int] = [s.count]
+        confirms: list[int] = []
         meters.start()
         started = time.monotonic()
         tasks = [

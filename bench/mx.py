@@ -7,7 +7,6 @@ import base64
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +73,9 @@ class RawHttp:
         )
         return head.encode() + body
 
-    async def send(self, request: bytes) -> bytes:
-        """Send one request; the response body. Raises BenchError unless the status is 200."""
+    async def send(self, request: bytes, expect: int = 200) -> bytes:
+        """Send one request; the response body. Raises BenchError unless the status is
+        ``expect``."""
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         length = next(
@@ -87,9 +87,9 @@ class RawHttp:
             0,
         )
         body = await self.reader.readexactly(length)
-        if not head.startswith(b"HTTP/1.1 200"):
+        if not head.startswith(b"HTTP/1.1 %d" % expect):
             status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
-            raise BenchError(f"POST → {status_line}: {body[:300]!r}")
+            raise BenchError(f"POST {request.split(b' ', 2)[1]!r} → {status_line}: {body[:300]!r}")
         return body
 
     def close(self) -> None:
@@ -161,24 +161,31 @@ class Mx:
         if response.status_code != 200:
             raise BenchError(f"publish → {response.status_code}: {response.text[:300]}")
 
-    async def publish_batch(self, queue: str, seqs: Sequence[int]) -> None:
-        key = b'{"routing_key":"' + queue.encode() + b'","body":'
-        items = b",".join(key + make_body(seq) + b"}" for seq in seqs)
-        response = await self.http.post(
-            f"/exchanges/{EXCHANGE}/publish-batch",
-            content=b'{"messages":[' + items + b"]}",
-            headers=JSON,
-        )
-        if response.status_code != 200:
-            raise BenchError(f"publish-batch → {response.status_code}: {response.text[:300]}")
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
+
+    def post(self, path: str, body: bytes) -> bytes:
+        """A ready-to-send ``POST /api/v1{path}`` for RawHttp."""
+        return RawHttp.post_request(self.port, self.authorization, "/api/v1" + path, body)
 
     async def publisher(self, queue: str, seqs: range, mode: str) -> None:
-        if mode == "single":
-            for seq in seqs:
-                await self.publish_one(queue, seq)
-        else:
-            for chunk in chunks(seqs, BATCH):
-                await self.publish_batch(queue, chunk)
+        """Publish ``seqs`` over one keep-alive connection (RawHttp: the load generator must
+        not be what limits the figure), one message or BATCH per request."""
+        http = await RawHttp.open(self.port)
+        try:
+            if mode == "single":
+                for seq in seqs:
+                    body = b'{"body":' + make_body(seq) + b"}"
+                    await http.send(self.post(f"/queues/{queue}/messages", body))
+            else:
+                key = b'{"routing_key":"' + queue.encode() + b'","body":'
+                for chunk in chunks(seqs, BATCH):
+                    items = b",".join(key + make_body(seq) + b"}" for seq in chunk)
+                    body = b'{"messages":[' + items + b"]}"
+                    await http.send(self.post(f"/exchanges/{EXCHANGE}/publish-batch", body))
+        finally:
+            http.close()
 
     # -- consuming --------------------------------------------------------------------------
 
@@ -220,25 +227,33 @@ class Mx:
 
     async def pull_consumer(self, queue: str, max_messages: int, sink: Sink) -> None:
         """POST /queues/{q}/get, then ack every delivery (up to ACK_CONCURRENCY at once)."""
-        request = orjson.dumps({"max_messages": max_messages, "wait_ms": 200})
-        room = asyncio.Semaphore(ACK_CONCURRENCY)
+        get = self.post(
+            f"/queues/{queue}/get", orjson.dumps({"max_messages": max_messages, "wait_ms": 200})
+        )
+        http = await RawHttp.open(self.port)
+        idle: asyncio.Queue[RawHttp] = asyncio.Queue()
+        for _ in range(ACK_CONCURRENCY):
+            idle.put_nowait(await RawHttp.open(self.port))
 
-        async def ack(tag: str) -> httpx.Response:
-            async with room:
-                return await self.http.post(f"/deliveries/{tag}/ack")
+        async def ack(tag: str) -> None:
+            conn = await idle.get()
+            try:
+                await conn.send(self.post(f"/deliveries/{tag}/ack", b""), expect=204)
+            finally:
+                idle.put_nowait(conn)
 
-        while not sink.done.is_set():
-            response = await self.http.post(f"/queues/{queue}/get", content=request, headers=JSON)
-            received = now_ns()
-            if response.status_code != 200:
-                raise BenchError(f"get → {response.status_code}: {response.text[:300]}")
-            messages = orjson.loads(response.content)["messages"]
-            for m in messages:
-                sink.record(m["body"]["seq"], m["body"]["ts"], received)
-            acks = await asyncio.gather(*(ack(m["delivery_tag"]) for m in messages))
-            for answer in acks:
-                if answer.status_code != 204:
-                    raise BenchError(f"ack → {answer.status_code}: {answer.text[:300]}")
+        try:
+            while not sink.done.is_set():
+                answer = await http.send(get)
+                received = now_ns()
+                messages = orjson.loads(answer)["messages"]
+                for m in messages:
+                    sink.record(m["body"]["seq"], m["body"]["ts"], received)
+                await asyncio.gather(*(ack(m["delivery_tag"]) for m in messages))
+        finally:
+            http.close()
+            while not idle.empty():
+                idle.get_nowait().close()
 
 
 @dataclass
