@@ -14,6 +14,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "unmatched"
+#: a scope key for handlers that answer before the router (app.api.edge): the route template
+TEMPLATE_KEY = "messagex.route_template"
 
 
 def route_template(scope: Scope) -> str:
@@ -24,6 +26,9 @@ def route_template(scope: Scope) -> str:
     ``/api/v1/queues/q1``). The prefix is the part of the request path before the route's
     own pattern matches; our prefixes are static text, so no raw value reaches a label.
     """
+    given = scope.get(TEMPLATE_KEY)
+    if given is not None:
+        return str(given)
     route: Any = scope.get("route")
     cached = _TEMPLATES.get(id(route)) if route is not None else None
     if cached is not None and cached[0] is route:

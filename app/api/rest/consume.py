@@ -13,6 +13,8 @@ from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
 from app.api.schemas.common import Name
 from app.api.schemas.consume import GetRequest, GetResponse, NackRequest, NackResponse
+from app.broker.services import Services
+from app.domain.model import User
 from app.errors import NotFound, UnknownDeliveryTag
 
 router = APIRouter(tags=["consume"])
@@ -20,6 +22,8 @@ router = APIRouter(tags=["consume"])
 #: REST speaks the contract's §2 codes: a missing delivery is 404 `not_found`
 #: (`unknown_delivery_tag` is the WebSocket ERROR code).
 _NO_DELIVERY = "no in-flight delivery with that tag belongs to you"
+#: the longest delivery tag a path may carry (a longer one is 422)
+MAX_TAG = 128
 
 
 @router.post(
@@ -59,13 +63,18 @@ async def get_messages(
     responses=problem_responses(401, 404, 422, 429, 503),
 )
 async def ack_delivery(
-    delivery_tag: Annotated[str, Path(max_length=128)], services: ServicesDep, user: UserDep
+    delivery_tag: Annotated[str, Path(max_length=MAX_TAG)], services: ServicesDep, user: UserDep
 ) -> Response:
+    await ack_pulled(services, user, delivery_tag)
+    return Response(status_code=204)
+
+
+async def ack_pulled(services: Services, user: User, delivery_tag: str) -> None:
+    """ACK a pulled delivery (this route, and app.api.edge that answers it first)."""
     try:
         await services.delivery.pull_ack(user, delivery_tag)
     except UnknownDeliveryTag:
         raise NotFound(_NO_DELIVERY) from None
-    return Response(status_code=204)
 
 
 @router.post(

@@ -285,6 +285,28 @@ def _fast_outgoing(item: Any) -> OutgoingMessage | None:
     )
 
 
+def fast_decode_publish(payload: Any) -> OutgoingMessage | None:
+    """One publish body in the common form → the domain message; None: ask the models."""
+    return _fast_outgoing(payload)
+
+
+def fast_decode_publish_batch(payload: Any) -> list[OutgoingMessage] | None:
+    """A publish-batch body whose items are all in the common form → the domain messages, in
+    order; None: ask the models."""
+    if type(payload) is not dict or payload.keys() != {"messages"}:
+        return None
+    items = payload["messages"]
+    if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
+        return None
+    messages = []
+    for item in items:
+        message = _fast_outgoing(item)
+        if message is None:
+            return None
+        messages.append(message)
+    return messages
+
+
 def decode_publish(payload: Any) -> OutgoingMessage:
     """One publish body → the domain message. Raises pydantic's ValidationError."""
     message = _fast_outgoing(payload)
@@ -295,18 +317,10 @@ def decode_publish(payload: Any) -> OutgoingMessage:
 
 def decode_publish_batch(payload: Any) -> list[OutgoingMessage]:
     """A publish-batch body → the domain messages, in order. Raises ValidationError."""
-    if type(payload) is dict and payload.keys() == {"messages"}:
-        items = payload["messages"]
-        if type(items) is list and 1 <= len(items) <= MAX_BATCH:
-            messages = []
-            for item in items:
-                message = _fast_outgoing(item)
-                if message is None:
-                    break
-                messages.append(message)
-            else:
-                return messages
-    return [m.to_outgoing() for m in PublishBatch.model_validate(payload).messages]
+    messages = fast_decode_publish_batch(payload)
+    if messages is None:
+        messages = [m.to_outgoing() for m in PublishBatch.model_validate(payload).messages]
+    return messages
 
 
 class PublishResponse(BaseModel):
