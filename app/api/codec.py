@@ -212,7 +212,8 @@ def rfc3339(moment: datetime) -> str:
     """RFC 3339 in UTC with microseconds: ``2026-01-31T12:00:00.000000Z``."""
     if moment.tzinfo is not UTC:
         moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat ends "+00:00" for UTC; a fifth of strftime's cost (once per delivery)
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 class MessageLike(Protocol):

@@ -9,17 +9,17 @@ matching, dependency solving and response-model serialisation: most of the broke
 a single publish or ACK (docs/performance.md).
 
 It answers only what it is sure of. Anything else — another content type, a name the path
-rule refuses, JSON that orjson does not take (``NaN``) or would not keep exact (integers past
-64 bits), a body the shortcut does not decode (the pydantic models decide those) — goes on
-to the FastAPI route with the body replayed, before anything was done, so errors, 422
-details and the OpenAPI document stay the routes' own. Authentication, publish and ack errors
-are answered here through the same problem mapping as the exception handlers. The route's
-template is put in the scope (``observability.TEMPLATE_KEY``) so the HTTP metrics keep their
-route label.
+rule refuses, JSON that orjson does not take (``NaN``), a body the shortcut does not decode
+(the pydantic models decide those) — goes on to the FastAPI route with the body replayed,
+before anything was done, so errors, 422 details and the OpenAPI document stay the routes'
+own. Authentication, publish and ack errors are answered here through the same problem
+mapping as the exception handlers. The route's template is put in the scope
+(``observability.TEMPLATE_KEY``) so the HTTP metrics keep their route label.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,8 +40,6 @@ _ACK_PATH = re.compile(rf"/api/v1/deliveries/([^/]{{1,{MAX_TAG}}})/ack")
 _ACK_TEMPLATE = "/api/v1/deliveries/{delivery_tag}/ack"
 _NAME = re.compile(NAME_PATTERN)
 _MAX_NAME = 255
-#: 19 digits or more: maybe an integer orjson would not keep exact (past -2**63 or 2**64-1)
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 #: (collection, action) → (the route's template, decoder, batch?)
 _ROUTES: dict[tuple[str, str], tuple[str, Callable[[Any], Any], bool]] = {
@@ -116,14 +114,30 @@ def _target(scope: Scope) -> _Target | None:
 
 
 def _decode(target: _Target, body: bytes) -> Any:
-    """The decoded publish, or None. orjson reads integers past 64 bits as floats (the routes
-    keep them exact, as the stdlib does): a body with such a run of digits goes to the route."""
-    if _LONG_DIGITS.search(body):
-        return None
+    """The decoded publish, or None (the route decides)."""
     try:
-        return target.decode(orjson.loads(body))
+        data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
+    if _has_float(data):
+        # orjson reads an integer past 64 bits as a float; the routes read JSON with the
+        # stdlib, which keeps it exact. A document with any float is read as they read it.
+        data = json.loads(body)
+    return target.decode(data)
+
+
+def _has_float(value: Any) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is float:
+            return True
+        if kind is dict:
+            pending.extend(item.values())
+        elif kind is list:
+            pending.extend(item)
+    return False
 
 
 class PublishEdge:

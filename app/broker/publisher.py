@@ -16,7 +16,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from app.auth.permissions import Access, require
 from app.broker.tasks import TaskOwner
@@ -163,7 +163,7 @@ class Publisher:
         """Publish straight into a queue (the default exchange): exchange ``""``, routing key
         the queue's name, no routing. A missing queue is 404."""
         require(actor, Access.WRITE, queue_name, "queue")
-        prepared = [replace(m, routing_key=queue_name) for m in self._prepare(messages)]
+        prepared = [m.evolve(routing_key=queue_name) for m in self._prepare(messages)]
         return await self._submit(_Request(None, queue_name, prepared))
 
     async def close(self) -> None:
@@ -348,7 +348,7 @@ class Publisher:
                 prepared.append(message)
                 continue
             properties = {**message.properties, "message_id": message_id}
-            prepared.append(replace(message, message_id=message_id, properties=properties))
+            prepared.append(message.evolve(message_id=message_id, properties=properties))
         return prepared
 
     def _route(
