@@ -28,7 +28,18 @@ class Metrics:
         self.delivered = Counter(
             "messagex_messages_delivered", "Deliveries claimed for consumers", ["via"], registry=r
         )
+        self.claims = Counter(
+            "messagex_claim_statements",
+            "Claim statements run (deliveries per claim = delivered / claims)",
+            ["via"],
+            registry=r,
+        )
         self.acked = Counter("messagex_messages_acked", "Deliveries acknowledged", registry=r)
+        self.ack_statements = Counter(
+            "messagex_ack_statements",
+            "ACK statements run: each settles the acks that arrived together",
+            registry=r,
+        )
         self.nacked = Counter(
             "messagex_messages_nacked", "Deliveries rejected, by outcome", ["outcome"], registry=r
         )

@@ -195,7 +195,7 @@ class Run:
         assert self.client is not None
         c = self.cfg
         return mx.Settings(
-            self.client, self.mx_meters(), c.count, c.publishers, c.consumers, c.deadline
+            self.client, self.mx_meters(), c.count, c.publishers, c.consumers, c.deadline, c.workers
         )
 
     def rabbit_settings(self) -> rabbit.Settings:

@@ -143,6 +143,16 @@ class Mx:
         stats: dict[str, int] = queue["stats"]
         return stats
 
+    async def counters(self) -> dict[str, float]:
+        """The broker's counters (summed over their labels), from /metrics."""
+        response = await self.http.get(f"{self.base_url}/metrics")
+        totals: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line.startswith("messagex_") and "_total" in line:
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return totals
+
     async def wait_drained(self, name: str, within: float) -> bool:
         """Poll until the queue holds nothing ready or in flight (all acks committed)."""
         deadline = time.monotonic() + within
@@ -266,6 +276,47 @@ class Settings:
     publishers: int
     consumers: int
     deadline: float
+    workers: int = 1
+
+
+#: broker counters whose deltas say how well the hot path batches (see docs/operations.md)
+_COUNTERS = (
+    "messagex_publish_group_writes_total",
+    "messagex_claim_statements_total",
+    "messagex_ack_statements_total",
+    "messagex_messages_delivered_total",
+    "messagex_messages_acked_total",
+)
+
+
+def _per(total: float, statements: float) -> float | None:
+    return round(total / statements, 1) if statements else None
+
+
+async def _batching(s: Settings, before: dict[str, float] | None) -> dict[str, Any]:
+    """Messages per statement over the scenario, from the broker's counters (one process's
+    counters: only with a single worker)."""
+    if before is None:
+        return {}
+    after = await s.mx.counters()
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _COUNTERS}
+    return {
+        "statements": {
+            "group_writes": d["messagex_publish_group_writes_total"],
+            "claims": d["messagex_claim_statements_total"],
+            "acks": d["messagex_ack_statements_total"],
+        },
+        "deliveries_per_claim": _per(
+            d["messagex_messages_delivered_total"], d["messagex_claim_statements_total"]
+        ),
+        "acks_per_statement": _per(
+            d["messagex_messages_acked_total"], d["messagex_ack_statements_total"]
+        ),
+    }
+
+
+async def _counters_before(s: Settings) -> dict[str, float] | None:
+    return await s.mx.counters() if s.workers == 1 else None
 
 
 async def _finish(
@@ -299,6 +350,7 @@ async def ws_throughput(s: Settings, mode: str, prefetch: int) -> Result:
     try:
         for _ in range(s.consumers):
             sockets.append(await s.mx.subscribe(queue, prefetch))
+        before = await _counters_before(s)
         s.meters.start()
         started = now_ns()
         tasks += [asyncio.create_task(s.mx.ws_consumer(ws, sink)) for ws in sockets]
@@ -311,6 +363,7 @@ async def ws_throughput(s: Settings, mode: str, prefetch: int) -> Result:
         result = throughput_result("messagex", name, params, sink, started, status)
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
         result.note = note
+        result.extra.update(await _batching(s, before))
         return result
     finally:
         await cancel_all(tasks)
@@ -334,6 +387,7 @@ async def pull_throughput(s: Settings, mode: str, max_messages: int) -> Result:
     sink = Sink(s.count)
     tasks: list[asyncio.Task[Any]] = []
     try:
+        before = await _counters_before(s)
         s.meters.start()
         started = now_ns()
         tasks += [
@@ -349,6 +403,7 @@ async def pull_throughput(s: Settings, mode: str, max_messages: int) -> Result:
         result = throughput_result("messagex", name, params, sink, started, status)
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
         result.note = note
+        result.extra.update(await _batching(s, before))
         return result
     finally:
         await cancel_all(tasks)

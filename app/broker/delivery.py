@@ -290,6 +290,7 @@ class DeliveryEngine:
                     owners=None,
                     owner_user=user.username,
                 )
+                self.metrics.claims.labels(via="pull").inc()
                 due = None
                 remaining = deadline - loop.time()
                 if not claimed and remaining > 0:

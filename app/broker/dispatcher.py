@@ -104,6 +104,7 @@ class Dispatcher:
                     owner_user=None,
                 )
                 self._hand_out(queue_id, order, claimed)
+            self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):
                 return await deliveries.seconds_until_due(self.db.hot, queue_id)
 

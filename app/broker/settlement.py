@@ -97,6 +97,7 @@ class Settlement:
                             p.future.set_exception(exc)
                     continue
                 deleted = dict(done)
+                self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
                 for p in batch:
                     if not p.future.done():
@@ -111,6 +112,7 @@ class Settlement:
         queue_id = await deliveries.ack_pull(
             self.db.hot, id=message_id, tag=tag, owner_user=owner_user
         )
+        self.metrics.ack_statements.inc()
         if queue_id is None:
             raise UnknownDeliveryTag()
         self.metrics.acked.inc()
