@@ -110,19 +110,22 @@ async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
 # a tag that timed out (and was re-claimed with a new tag, or requeued with none) deletes
 # nothing. Row locks make a concurrent sweep or release and this delete serialise: whichever
 # commits first wins, the other sees the changed row and skips it.
+# A set tag means in flight (ck_messages_in_flight_has_tag_and_lease), so these statements do
+# not name the status: with `status = 'in_flight'` the planner may walk the partial in-flight
+# index (ix_messages_owner) instead of the primary key, and that walk grows with the number of
+# deliveries in flight (tests/integration/test_query_plans.py).
 ACK_MANY = text("""
 DELETE FROM messages AS m
 USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[]), CAST(:owners AS uuid[]))
       AS a(id, tag, owner)
 WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
-  AND m.status = 'in_flight'
 RETURNING m.id, m.queue_id
 """)
 
 # A pull delivery belongs to the user that got it and to no connection.
 ACK_PULL = text("""
 DELETE FROM messages
-WHERE id = :id AND delivery_tag = :tag AND status = 'in_flight'
+WHERE id = :id AND delivery_tag = :tag
   AND owner_connection IS NULL AND owner_user = :owner_user
 RETURNING queue_id
 """)
@@ -185,7 +188,7 @@ LOCK_BY_TAG = text(
     "SELECT"
     + _UNSETTLED_COLUMNS
     + """
-WHERE m.id = :id AND m.delivery_tag = :tag AND m.status = 'in_flight'
+WHERE m.id = :id AND m.delivery_tag = :tag
   AND m.owner_connection IS NOT DISTINCT FROM CAST(:owner_connection AS uuid)
   AND (CAST(:owner_user AS text) IS NULL OR m.owner_user = CAST(:owner_user AS text))
 FOR UPDATE OF m

@@ -132,9 +132,12 @@ messages = Table(
     Column("owner_connection", UUID(as_uuid=False), nullable=True),
     Column("owner_user", Text, nullable=True),
     CheckConstraint("status IN ('ready', 'in_flight', 'dead')", name="status"),
+    # In flight exactly when a tag is set, and exactly when a lease is: settling by (id, tag)
+    # needs no status test (storage/deliveries.py, ACK_MANY; migration 0003).
     CheckConstraint(
-        "(status = 'in_flight') = (delivery_tag IS NOT NULL AND lease_expires_at IS NOT NULL)",
-        name="in_flight_has_lease",
+        "(status = 'in_flight') = (delivery_tag IS NOT NULL) "
+        "AND (status = 'in_flight') = (lease_expires_at IS NOT NULL)",
+        name="in_flight_has_tag_and_lease",
     ),
     # Fill pages to 70 % so that claim/release updates can stay on the page (HOT-friendly).
     postgresql_with={"fillfactor": 70},
