@@ -38,7 +38,8 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
         await c.execute(
             """
             INSERT INTO messages (queue_id, message_id, exchange, routing_key, body)
-            SELECT CASE WHEN g % 10 = 0 THEN $2::bigint ELSE $1::bigint END, 'm' || g, '', 'k', '\\x00'
+            SELECT CASE WHEN g % 10 = 0 THEN $2::bigint ELSE $1::bigint END,
+                   'm' || g, '', 'k', '\\x00'
             FROM generate_series(1, $3) AS g
             """,
             busy,
