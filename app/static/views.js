@@ -100,6 +100,16 @@ function pre(text, label) {
   return h("pre", { class: "code", tabindex: "0", "aria-label": label }, text);
 }
 
+/** Tickets for a loader that may be called again before its last call answered (a page size
+ * changed while the first page loads): only the newest call may render. */
+function sequencer() {
+  let latest = 0;
+  return () => {
+    const mine = ++latest;
+    return () => mine === latest;
+  };
+}
+
 /** Keyset pagination state: a stack of cursors. */
 function pager(onChange) {
   const state = { cursors: [null], index: 0, next: null };
@@ -287,9 +297,12 @@ export function exchangesView(main, _params, ctx) {
 
   fill(main, heading("Exchanges"), section("All exchanges", list, pages.el), section("Declare an exchange", form));
 
+  const ticket = sequencer();
   async function refresh() {
+    const current = ticket();
     try {
       const page = await api("GET", "/exchanges", { query: { limit: 50, after: pages.after } });
+      if (!current()) return;
       pages.update(page.next_after);
       fill(list, page.items.length === 0
         ? h("p", null, "No exchanges on this page.")
@@ -471,9 +484,12 @@ export function queuesView(main, _params, ctx) {
 
   fill(main, heading("Queues"), section("All queues", list, pages.el), section("Declare a queue", form));
 
+  const ticket = sequencer();
   async function refresh() {
+    const current = ticket();
     try {
       const page = await api("GET", "/queues", { query: { limit: 50, after: pages.after } });
+      if (!current()) return;
       pages.update(page.next_after);
       fill(list, page.items.length === 0
         ? h("p", null, "No queues on this page.")
@@ -601,11 +617,14 @@ function browser(queue, ctx, afterChange) {
     load();
   });
 
+  const ticket = sequencer();
   async function load() {
+    const current = ticket();
     try {
       const page = await api("GET", `/queues/${seg(queue)}/messages`, {
         query: { status: status.value, limit: size.value, after: pages.after },
       });
+      if (!current()) return; // a newer load (another page, size or status) answers instead
       pages.update(page.next_after);
       fill(results, page.items.length === 0
         ? h("p", null, "No messages.")
@@ -613,7 +632,7 @@ function browser(queue, ctx, afterChange) {
           await Promise.all([load(), afterChange()]);
         }))));
     } catch (error) {
-      ctx.showError(error, "Browse");
+      if (current()) ctx.showError(error, "Browse");
     }
   }
   return { el: h("div", null, controls, results, pages.el), load };
@@ -804,9 +823,12 @@ export function usersView(main, _params, ctx) {
 
   fill(main, heading("Users"), section("All users", list, pages.el), section("Create or update a user", form));
 
+  const ticket = sequencer();
   async function refresh() {
+    const current = ticket();
     try {
       const page = await api("GET", "/users", { query: { limit: 100, after: pages.after } });
+      if (!current()) return;
       pages.update(page.next_after);
       fill(list, table("Users", ["Username", "Role", "Configure", "Write", "Read", "Actions"], page.items.map((u) => [
         u.username, u.role,

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import httpx
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
 from tests.ui.support import go, log_in, stat
@@ -152,6 +152,7 @@ def test_browse_paginates_and_filters_by_status(
     for n in range(12):
         rest.post("/queues/e2e-pages/messages", json={"body": {"n": n}})
     rest.post("/queues/e2e-pages/messages", json={"body": "later", "delay_ms": 600_000})
+    assert rest.get("/queues/e2e-pages").json()["stats"]["ready"] == 12
     log_in(page, ui_server)
     page.goto(f"{ui_server.base_url}/#/queues/e2e-pages")
     page.get_by_label("Per page").select_option("10")
@@ -165,6 +166,36 @@ def test_browse_paginates_and_filters_by_status(
     page.get_by_label("Status").select_option("delayed")
     expect(messages).to_have_count(1)
     expect(messages).to_contain_text('"later"')
+
+
+def test_a_slow_first_page_does_not_overwrite_a_newer_one(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    # The page loads 25 per page, and the user picks 10 before that answer arrived: the late
+    # answer must not replace the newer page (it did: 13 items shown, "Next page" disabled).
+    assert rest.put("/queues/e2e-race", json={}).status_code == 201
+    for n in range(13):
+        assert rest.post("/queues/e2e-race/messages", json={"body": n}).status_code == 200
+    held: list[Route] = []
+    first_page = re.compile(r".*/api/v1/queues/e2e-race/messages\?.*limit=25.*")
+
+    def hold(route: Route) -> None:  # answered later, by hand
+        held.append(route)
+
+    page.route(first_page, hold)
+    log_in(page, ui_server)
+    with page.expect_request(first_page):
+        page.goto(f"{ui_server.base_url}/#/queues/e2e-race")
+    page.get_by_label("Per page").select_option("10")
+    messages = page.locator("li.message")
+    expect(messages).to_have_count(10)
+    assert len(held) == 1  # the first page is still unanswered
+    with page.expect_response(first_page):
+        held[0].continue_()
+    expect(messages).to_have_count(10)
+    expect(page.get_by_role("button", name="Next page")).to_be_enabled()
+    page.get_by_role("button", name="Next page").click()
+    expect(messages).to_have_count(3)
 
 
 def test_exchange_page_declares_binds_and_deletes(
