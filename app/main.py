@@ -62,6 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_tags=TAGS,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        # No trailing-slash redirects: a name segment ending in an encoded slash
+        # (PUT /queues/a%2F) would be redirected, method and body kept, to another
+        # resource (/queues/a), and fetch() and curl -L follow such a redirect.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     problems.install(app)

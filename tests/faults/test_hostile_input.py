@@ -130,8 +130,8 @@ def check_name(api: httpx.Client, name: str, args: dict[str, Any]) -> None:
     valid = NAME_RE.fullmatch(name) is not None
     r = send(api, "PUT", f"/queues/{path_of(name)}", {"arguments": args})
     if name in ("", ".", ".."):
-        # the client resolves these away (RFC 3986): "/queues/" (the router's trailing-slash
-        # redirect to "/queues") or "/api/v1/" (405): anything but a 5xx
+        # the client resolves these away (RFC 3986): "/queues/" (404: no trailing-slash
+        # redirects) or "/api/v1/" (405): anything but a 5xx
         no_500(r)
         assert r.status_code >= 300
         return

@@ -14,7 +14,7 @@ import httpx
 import jsonschema_rs  # schemathesis brings it (uv.lock)
 
 from tests.faults.harness import sessions, terminate
-from tests.support import LiveServer
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer
 
 # -- the OpenAPI document tells the truth (found by schemathesis) ------------------------------
 
@@ -90,3 +90,28 @@ def test_a_request_after_the_servers_sessions_were_killed_succeeds(
             assert time.monotonic() < deadline, "terminated backends did not exit"
             time.sleep(0.02)
         assert admin.get("/queues").status_code == 200
+
+
+# -- a name ending in an encoded slash (found by the heavy hypothesis run) --------------------
+
+
+def test_a_name_ending_in_an_encoded_slash_is_not_redirected_to_another_resource(
+    server: LiveServer,
+) -> None:
+    """``PUT /queues/a%2F`` was answered 307 to ``/queues/a`` (the router's trailing-slash
+    redirect), and a client that follows redirects (fetch, ``curl -L``) re-sent the PUT there:
+    declaring ``a/`` declared ``a``. Now it is a plain 404, and nothing is declared."""
+    auth = (ADMIN_USER, ADMIN_PASSWORD)
+    with httpx.Client(base_url=f"{server.base_url}/api/v1", auth=auth) as api:
+        for method, path, body in (
+            ("PUT", "/queues/a%2F", {}),
+            ("PUT", "/exchanges/a%2F", {"type": "direct"}),
+            ("GET", "/queues/", None),
+            ("POST", "/queues/a%2F/messages", {"body": 1}),
+        ):
+            r = api.request(method, path, json=body)
+            assert r.status_code == 404, (method, path, r.status_code)
+            assert "location" not in r.headers
+            assert r.json()["code"] == "not_found"
+        assert api.get("/queues/a").status_code == 404
+        assert api.get("/exchanges/a").status_code == 404
