@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import binascii
 import json
-import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import orjson
 
+from app import jsonexact
 from app.domain.model import StoredMessage
 
 __all__ = [
@@ -172,23 +172,6 @@ def encode_body(*, body: Any = ABSENT, body_base64: Any = ABSENT) -> tuple[bytes
 
 # ----------------------------------------------------------------------------- decoding
 
-#: A run of 19+ digits may be an integer orjson cannot read exactly (it reads such
-#: integers as floats); the stdlib then decodes. Digits inside strings only cost speed.
-_LONG_DIGITS = re.compile(rb"\d{19}")
-
-
-def _loads(data: bytes) -> Any:
-    """Parse stored JSON bytes; ValueError when they are not JSON."""
-    if _LONG_DIGITS.search(data) is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # maybe only deeper than orjson's nesting limit: let the stdlib decide
-    try:
-        return json.loads(data)  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
-
 
 def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[str, Any]:
     """``{"body": <json>}`` or ``{"body_base64": "<b64>"}`` for stored bytes.
@@ -202,7 +185,7 @@ def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[st
         if raw_json:
             return {"body": orjson.Fragment(body)}
         try:
-            return {"body": _loads(body)}
+            return {"body": jsonexact.loads(body)}
         except ValueError:
             pass
     return {"body_base64": binascii.b2a_base64(body, newline=False).decode("ascii")}

@@ -9,8 +9,8 @@ matching, dependency solving and response-model serialisation: most of the broke
 a single publish or ACK (docs/performance.md).
 
 It answers only what it is sure of. Anything else — another content type, a name the path
-rule refuses, JSON that orjson does not take (``NaN``), a body the shortcut does not decode
-(the pydantic models decide those) — goes on to the FastAPI route with the body replayed,
+rule refuses, a body that is not JSON or that the shortcut does not decode (the pydantic
+models decide those) — goes on to the FastAPI route with the body replayed,
 before anything was done, so errors, 422 details and the OpenAPI document stay the routes'
 own. Authentication, publish and ack errors are answered here through the same problem
 mapping as the exception handlers. The route's template is put in the scope
@@ -19,7 +19,6 @@ mapping as the exception handlers. The route's template is put in the scope
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import jsonexact
 from app.api.observability import TEMPLATE_KEY
 from app.api.problems import broker_error_response
 from app.api.rest.consume import MAX_TAG, ack_pulled
@@ -39,7 +39,6 @@ _PATH = re.compile(r"/api/v1/(queues|exchanges)/([^/]+)/(messages|publish|publis
 _ACK_PATH = re.compile(rf"/api/v1/deliveries/([^/]{{1,{MAX_TAG}}})/ack")
 _ACK_TEMPLATE = "/api/v1/deliveries/{delivery_tag}/ack"
 _NAME = re.compile(NAME_PATTERN)
-_MAX_NAME = 255
 
 #: (collection, action) → (the route's template, decoder, batch?)
 _ROUTES: dict[tuple[str, str], tuple[str, Callable[[Any], Any], bool]] = {
@@ -102,7 +101,7 @@ def _target(scope: Scope) -> _Target | None:
     if match is None or kind is None or services is None:
         return None
     name = match[2]
-    if len(name) > _MAX_NAME or not _NAME.fullmatch(name):
+    if not _NAME.fullmatch(name):  # NAME_PATTERN also bounds the length (255)
         return None
     content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
     if content_type is None or not _is_json(content_type):
@@ -114,30 +113,13 @@ def _target(scope: Scope) -> _Target | None:
 
 
 def _decode(target: _Target, body: bytes) -> Any:
-    """The decoded publish, or None (the route decides)."""
+    """The decoded publish, or None (the route decides). The body is read as the routes read
+    it (the stdlib's json, integers past 64 bits exact), by the rule of app.jsonexact."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        data = jsonexact.loads(body)
+    except ValueError:
         return None
-    if _has_float(data):
-        # orjson reads an integer past 64 bits as a float; the routes read JSON with the
-        # stdlib, which keeps it exact. A document with any float is read as they read it.
-        data = json.loads(body)
     return target.decode(data)
-
-
-def _has_float(value: Any) -> bool:
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        kind = type(item)
-        if kind is float:
-            return True
-        if kind is dict:
-            pending.extend(item.values())
-        elif kind is list:
-            pending.extend(item)
-    return False
 
 
 class PublishEdge:
@@ -146,8 +128,9 @@ class PublishEdge:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ack = _ACK_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
-        if ack is not None and scope["method"] == "POST" and _services(scope) is not None:
-            await _ack(scope, receive, send, ack[1])
+        services = _services(scope) if ack is not None and scope["method"] == "POST" else None
+        if ack is not None and services is not None:
+            await _ack(scope, receive, send, services, ack[1])
             return
         target = _target(scope)
         if target is None:
@@ -185,12 +168,11 @@ async def _publish(scope: Scope, target: _Target, decoded: Any) -> bytes:
     return orjson.dumps(_result(results[0]))
 
 
-async def _ack(scope: Scope, receive: Receive, send: Send, tag: str) -> None:
+async def _ack(scope: Scope, receive: Receive, send: Send, services: Any, tag: str) -> None:
     """``POST /deliveries/{delivery_tag}/ack``: 204, or the route's problem (it reads no body)."""
     if await _read_body(receive) is None:
         return
     scope[TEMPLATE_KEY] = _ACK_TEMPLATE
-    services = _services(scope)
     try:
         user = await services.auth.authenticate(_authorization(scope), _client_host(scope))
         await ack_pulled(services, user, tag)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,13 +22,12 @@ import orjson
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.sql.elements import TextClause
 
+from app import jsonexact
 from app.errors import BrokerError, InternalError, Unavailable
 
 log = logging.getLogger("messagex.storage")
 
 _DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
-#: a run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float
-_LONG_DIGITS = re.compile(r"\d{19}")
 
 
 class Statement:
@@ -54,9 +52,7 @@ def _encode_json(value: Any) -> str:
 
 
 def _decode_json(text: str) -> Any:
-    if _LONG_DIGITS.search(text) is None:
-        return orjson.loads(text)
-    return json.loads(text)
+    return jsonexact.loads(text)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
 
+from app import jsonexact
 from app.api.schemas.common import Name, StrictModel
 from app.api.schemas.messages import PublishBody
 from app.errors import BadFrame
@@ -92,25 +90,12 @@ def frame_id_of(raw: Any) -> str | int | None:
     return None
 
 
-#: a run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float
-_LONG_DIGITS = re.compile(r"\d{19}")
-
-
-def _loads(text: str | bytes) -> Any:
-    """Strict JSON (orjson); re-read by the stdlib when it may hold a big integer, so a
-    published body's integers stay exact (as on REST, whose parser is the stdlib's)."""
-    raw = orjson.loads(text)
-    source = text if isinstance(text, str) else text.decode("utf-8")
-    if _LONG_DIGITS.search(source):
-        raw = json.loads(source)  # orjson already rejected what is not JSON
-    return raw
-
-
 def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
     """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one)."""
     try:
-        raw = _loads(text)
-    except (orjson.JSONDecodeError, RecursionError, UnicodeDecodeError):
+        # strict (no NaN); integers past 64 bits stay exact, as on REST
+        raw = jsonexact.loads(text, strict=True)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
         raise BadFrame("the frame is not valid JSON") from None
     frame_id = frame_id_of(raw)
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
