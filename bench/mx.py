@@ -433,13 +433,11 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
     sink = Sink(count)
     params = {"interval_ms": interval * 1000, "prefetch": 1, "publish": "single", "client": "raw"}
     ws = await s.mx.subscribe(queue, 1)
-    port = int(s.mx.base_url.rsplit(":", 1)[1])
-    http = await RawHttp.open(port)
-    path = f"/api/v1/queues/{queue}/messages"
+    http = await RawHttp.open(s.mx.port)
 
     async def publish(seq: int) -> None:
         body = b'{"body":' + make_body(seq) + b"}"
-        await http.send(RawHttp.post_request(port, s.mx.authorization, path, body))
+        await http.send(s.mx.post(f"/queues/{queue}/messages", body))
 
     tasks: list[asyncio.Task[Any]] = []
     try:

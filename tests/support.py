@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -242,3 +243,15 @@ def login(base_url: str, username: str, password: str) -> str:
 def client(base_url: str, token: str | None = None, **kwargs: Any) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=f"{base_url}/api/v1", headers=headers, timeout=30, **kwargs)
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a Prometheus text exposition, or None when absent."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name + "{"):
+            continue
+        sample, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', sample[len(name) :]))
+        if found == labels:
+            return float(value)
+    return None

@@ -14,9 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.test_ops import _metric
 from tests.api.test_publish import declare, sql
-from tests.support import LiveServer
+from tests.support import LiveServer, metric
 
 EDGE = "application/json"
 ROUTE = "application/vnd.messagex+json"
@@ -170,9 +169,9 @@ def test_edge_publishes_are_counted_under_their_route_template(
     assert _send(admin, "/queues/nope/messages", b'{"body": 1}', EDGE).status_code == 404
     text = httpx.get(f"{server.base_url}/metrics").text
     route = "/api/v1/queues/{name}/messages"
-    assert _metric(text, "messagex_http_requests_total", route=route, status="200") == 3.0
-    assert _metric(text, "messagex_http_requests_total", route=route, status="404") == 1.0
-    assert _metric(text, "messagex_http_request_seconds_count", route=route) == 4.0
+    assert metric(text, "messagex_http_requests_total", route=route, status="200") == 3.0
+    assert metric(text, "messagex_http_requests_total", route=route, status="404") == 1.0
+    assert metric(text, "messagex_http_request_seconds_count", route=route) == 4.0
     assert "/queues/q1/" not in text
 
 
@@ -200,6 +199,6 @@ def test_pull_acks_answer_as_the_contract_says_and_are_counted(
     assert sql(server, "SELECT count(*) FROM messages")[0][0] == 0
     text = httpx.get(f"{server.base_url}/metrics").text
     route = "/api/v1/deliveries/{delivery_tag}/ack"
-    assert _metric(text, "messagex_http_requests_total", route=route, status="204") == 2.0
-    assert _metric(text, "messagex_http_requests_total", route=route, status="404") == 1.0
-    assert _metric(text, "messagex_http_requests_total", route=route, status="401") == 1.0
+    assert metric(text, "messagex_http_requests_total", route=route, status="204") == 2.0
+    assert metric(text, "messagex_http_requests_total", route=route, status="404") == 1.0
+    assert metric(text, "messagex_http_requests_total", route=route, status="401") == 1.0

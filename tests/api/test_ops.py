@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -18,6 +17,7 @@ from tests.support import (
     admin_sql,
     asyncpg_dsn,
     client,
+    metric,
     wait_for,
 )
 
@@ -31,18 +31,6 @@ def _assert_unavailable(r: httpx.Response) -> None:
     assert body["code"] == "unavailable"
     assert body["status"] == 503
     assert {"type", "title", "status", "detail", "code"} <= body.keys()
-
-
-def _metric(text: str, name: str, **labels: str) -> float | None:
-    """The value of one sample of a Prometheus text exposition, or None when absent."""
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name + "{"):
-            continue
-        sample, _, value = line.rpartition(" ")
-        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', sample[len(name) :]))
-        if found == labels:
-            return float(value)
-    return None
 
 
 # --- health and readiness -----------------------------------------------------------------
@@ -106,11 +94,11 @@ def test_metrics_are_prometheus_text_without_credentials(server: LiveServer) -> 
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     text = r.text
     assert "# TYPE messagex_http_requests_total counter" in text
-    assert _metric(text, "messagex_http_requests_total", route="/healthz", status="200") == 1.0
+    assert metric(text, "messagex_http_requests_total", route="/healthz", status="200") == 1.0
     # Requests that match no route share one label: raw paths never become label values.
-    assert _metric(text, "messagex_http_requests_total", route="unmatched", status="404") == 1.0
+    assert metric(text, "messagex_http_requests_total", route="unmatched", status="404") == 1.0
     assert "abc123" not in text
-    assert _metric(text, "messagex_http_request_seconds_count", route="/healthz") == 1.0
+    assert metric(text, "messagex_http_request_seconds_count", route="/healthz") == 1.0
     assert "messagex_messages_published_total" in text
 
 
@@ -119,7 +107,7 @@ def test_metrics_label_requests_by_route_template(server: LiveServer, admin: htt
         assert admin.get("/queues/metrics-probe-q").status_code == 404
     text = httpx.get(f"{server.base_url}/metrics").text
     assert (
-        _metric(text, "messagex_http_requests_total", route="/api/v1/queues/{name}", status="404")
+        metric(text, "messagex_http_requests_total", route="/api/v1/queues/{name}", status="404")
         == 2.0
     )
     assert "metrics-probe-q" not in text

@@ -1,4 +1,4 @@
-"""The publish hot path (app.api.schemas.messages._fast_outgoing) agrees with the models.
+"""The publish hot path (app.api.schemas.messages.fast_decode_publish) agrees with the models.
 
 Whatever the shortcut accepts must become exactly the message the pydantic models make of it,
 and whatever the models refuse the shortcut must refuse too (give up, so the models raise the
@@ -18,9 +18,9 @@ from app.api.schemas.messages import (
     MAX_BATCH,
     PublishBatch,
     PublishBody,
-    _fast_outgoing,
     decode_publish,
     decode_publish_batch,
+    fast_decode_publish,
 )
 from app.domain.model import MAX_DELAY_MS, OutgoingMessage
 
@@ -81,7 +81,7 @@ def by_models(payload: Any) -> OutgoingMessage | None:
 def test_the_shortcut_accepts_only_what_the_models_accept_and_makes_the_same_message(
     payload: dict[str, Any],
 ) -> None:
-    fast = _fast_outgoing(payload)
+    fast = fast_decode_publish(payload)
     if fast is not None:
         assert by_models(payload) == fast
 
@@ -97,7 +97,7 @@ def test_the_shortcut_accepts_only_what_the_models_accept_and_makes_the_same_mes
     ],
 )
 def test_the_common_forms_take_the_shortcut(payload: dict[str, Any]) -> None:
-    fast = _fast_outgoing(payload)
+    fast = fast_decode_publish(payload)
     assert fast is not None
     assert fast == by_models(payload)
 

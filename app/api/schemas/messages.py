@@ -248,7 +248,7 @@ def _fast_properties(item: dict[str, Any]) -> dict[str, Any] | None:
     return properties
 
 
-def _fast_outgoing(item: Any) -> OutgoingMessage | None:
+def fast_decode_publish(item: Any) -> OutgoingMessage | None:
     """The message for a valid publish body in the common form; None: ask the models."""
     if type(item) is not dict or not item.keys() <= _ITEM_KEYS:
         return None
@@ -285,11 +285,6 @@ def _fast_outgoing(item: Any) -> OutgoingMessage | None:
     )
 
 
-def fast_decode_publish(payload: Any) -> OutgoingMessage | None:
-    """One publish body in the common form → the domain message; None: ask the models."""
-    return _fast_outgoing(payload)
-
-
 def fast_decode_publish_batch(payload: Any) -> list[OutgoingMessage] | None:
     """A publish-batch body whose items are all in the common form → the domain messages, in
     order; None: ask the models."""
@@ -300,7 +295,7 @@ def fast_decode_publish_batch(payload: Any) -> list[OutgoingMessage] | None:
         return None
     messages = []
     for item in items:
-        message = _fast_outgoing(item)
+        message = fast_decode_publish(item)
         if message is None:
             return None
         messages.append(message)
@@ -309,7 +304,7 @@ def fast_decode_publish_batch(payload: Any) -> list[OutgoingMessage] | None:
 
 def decode_publish(payload: Any) -> OutgoingMessage:
     """One publish body → the domain message. Raises pydantic's ValidationError."""
-    message = _fast_outgoing(payload)
+    message = fast_decode_publish(payload)
     if message is None:
         message = PublishBody.model_validate(payload).to_outgoing()
     return message

@@ -303,21 +303,19 @@ class WsConnection:
             await self._guarded(self._subscribe(frame, frame_id), frame_id)
         elif isinstance(frame, frames.UnsubscribeFrame):
             await self._guarded(self._unsubscribe(frame, frame_id), frame_id)
-        elif isinstance(frame, frames.AckFrame):
-            # The frame a busy consumer sends per message: settled through a callback on the
-            # batched ack's future, not a task per frame.
+        else:  # ACK, NACK, PUBLISH: run concurrently, at most MAX_INFLIGHT_OPS at once
             if len(self._ops) >= MAX_INFLIGHT_OPS:
                 await self._wait_for_room()
-            tag = frame.delivery_tag
-            pending = self.engine.ack_soon(self, tag, partial(self._acked, tag, frame_id))
-            self._ops.add(pending)
-            pending.add_done_callback(self._op_done)
-        else:
-            if len(self._ops) >= MAX_INFLIGHT_OPS:
-                await self._wait_for_room()
-            task = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
-            self._ops.add(task)
-            task.add_done_callback(self._op_done)
+            op: asyncio.Future[Any]
+            if isinstance(frame, frames.AckFrame):
+                # The frame a busy consumer sends per message: settled through a callback on
+                # the batched ack's future, not a task per frame.
+                tag = frame.delivery_tag
+                op = self.engine.ack_soon(self, tag, partial(self._acked, tag, frame_id))
+            else:
+                op = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
+            self._ops.add(op)
+            op.add_done_callback(self._op_done)
 
     async def _wait_for_room(self) -> None:
         """Backpressure: stop reading frames while MAX_INFLIGHT_OPS are unsettled (a plain
