@@ -93,6 +93,17 @@ def _limited(node: dict[str, Any]) -> bool:
     return all(_limited(child) for child in node.get("Plans", ()))
 
 
+async def _in_flight(conn: asyncpg.Connection, n: int) -> list[asyncpg.Record]:
+    """(id, delivery tag, owner connection) of n deliveries in flight."""
+    return list(
+        await conn.fetch(
+            "SELECT id, delivery_tag, owner_connection::text FROM messages "
+            "WHERE status = 'in_flight' ORDER BY id LIMIT $1",
+            n,
+        )
+    )
+
+
 MODES = ["force_custom_plan", "force_generic_plan"]
 
 
@@ -121,10 +132,7 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
 async def test_a_batched_ack_finds_its_rows_by_primary_key(
     conn: asyncpg.Connection, mode: str
 ) -> None:
-    rows = await conn.fetch(
-        "SELECT id, delivery_tag, owner_connection::text FROM messages "
-        "WHERE status = 'in_flight' ORDER BY id LIMIT 50"
-    )
+    rows = await _in_flight(conn, 50)
     params = {
         "ids": [r[0] for r in rows],
         "tags": [r[1] for r in rows],
@@ -140,9 +148,7 @@ async def test_a_batched_ack_finds_its_rows_by_primary_key(
 async def test_a_pull_ack_and_a_nack_find_their_row_by_primary_key(
     conn: asyncpg.Connection, mode: str
 ) -> None:
-    row = await conn.fetchrow(
-        "SELECT id, delivery_tag FROM messages WHERE status = 'in_flight' ORDER BY id LIMIT 1"
-    )
+    [row] = await _in_flight(conn, 1)
     for statement, params in (
         (deliveries._ACK_PULL, {"id": row[0], "tag": row[1], "owner_user": "u"}),
         (
