@@ -226,8 +226,19 @@ class DeliveryEngine:
     def ack_soon(
         self, outlet: Outlet, tag: str, done: Callable[[BaseException | None], None]
     ) -> asyncio.Future[int | None]:
-        """``ack`` without a task: ``done(None)`` once settled (credit freed), or
-        ``done(error)`` (UnknownDeliveryTag, Unavailable, ...). Returns what to wait for."""
+        """``ack`` without a task: ``done(None)`` once settled, or ``done(error)``
+        (UnknownDeliveryTag, Unavailable, ...). Returns what to wait for.
+
+        The prefetch slot returns when the ACK arrives, not when its DELETE commits (as in
+        RabbitMQ): the next claim runs while the batched DELETE does, instead of after it.
+        Should the DELETE fail (the database is unreachable), the delivery is still in flight
+        to this connection and takes its slot back; the 1 s reconciliation drops it again if
+        it is released meanwhile.
+        """
+        sub = self.registry.find_by_tag(outlet.id, tag)
+        if sub is not None:
+            sub.unsettled.discard(tag)
+            self.hub.wake([sub.queue_id])
         future = self.settlement.submit_ack(outlet.id, tag)
 
         def settled(f: asyncio.Future[int | None]) -> None:
@@ -238,8 +249,10 @@ class DeliveryEngine:
                 queue_id = f.result()
                 if queue_id is None:
                     exc = UnknownDeliveryTag()
-                else:
+                elif sub is None:
                     self._free_credit(outlet.id, tag, queue_id)
+            elif sub is not None and sub.active:
+                sub.unsettled.add(tag)
             done(exc)
 
         future.add_done_callback(settled)

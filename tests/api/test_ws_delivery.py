@@ -6,6 +6,7 @@ The module's server sweeps ack timeouts every 100 ms, so a queue declared with
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import socket
@@ -16,11 +17,13 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
 from tests.support import (
     LiveServer,
+    asyncpg_dsn,
     login,
     wait_for,
 )
@@ -151,6 +154,59 @@ def test_prefetch_bounds_unsettled_deliveries_exactly(
         assert again["redelivered"] is True
         assert ws.quiet(0.3) == []
         assert stats(adm, q)["in_flight"] == prefetch
+
+
+class RowLock:
+    """Holds ``FOR UPDATE`` on one message row from another session (a thread with its own
+    loop) until released, so a statement that settles that row waits for it."""
+
+    def __init__(self, database_url: str, message_id: str) -> None:
+        self._locked = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._hold(database_url, message_id)), daemon=True
+        )
+
+    async def _hold(self, database_url: str, message_id: str) -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(database_url))
+        try:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    "SELECT id FROM messages WHERE message_id = $1 FOR UPDATE", message_id
+                )
+                assert row is not None
+                self._locked.set()
+                await asyncio.get_running_loop().run_in_executor(None, self._release.wait, 15)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> RowLock:
+        self._thread.start()
+        assert self._locked.wait(10), "could not lock the row"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._thread.join(15)
+
+
+def test_ack_returns_the_prefetch_slot_before_its_delete_commits(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str
+) -> None:
+    """As in RabbitMQ, credit returns when the ACK arrives: the next claim runs beside the
+    batched DELETE instead of after it (docs/performance.md)."""
+    publish_many(adm, q, ["first", "second"])
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 1)
+        first = ws.delivery()
+        assert first["body"] == "first"
+        with RowLock(srv.settings.database_url, first["message_id"]):
+            ws.send_json({"type": "ACK", "delivery_tag": first["delivery_tag"], "id": "a1"})
+            second = ws.delivery(timeout=5)  # while the ACK's DELETE waits for the lock
+            assert second["body"] == "second"
+            assert ws.quiet(0.3) == []  # not ACKED yet: it is answered after its commit
+        assert ws.expect("ACKED", id="a1")["delivery_tag"] == first["delivery_tag"]
+        assert [m["body"] for m in browse(adm, q)] == ["second"]
 
 
 def test_prefetch_is_per_queue_on_one_connection(url: str, adm: httpx.Client) -> None:
