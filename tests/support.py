@@ -204,10 +204,14 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
     return load_settings(**values)
 
 
-def start_server(settings: Settings) -> LiveServer:
+def start_server(settings: Settings, *, plain_websockets: bool = False) -> LiveServer:
+    """``plain_websockets``: uvicorn's own WebSocket protocol instead of ours, as under any
+    other ASGI server (no ``SEND_MANY`` extension)."""
     app = create_app(settings)
     port = free_port()
     server = build_server(app, settings, "127.0.0.1", port, log_level="warning")
+    if plain_websockets:
+        server.config.ws = "websockets-sansio"
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     live = LiveServer(settings, server, thread, port)
@@ -223,8 +227,8 @@ def start_server(settings: Settings) -> LiveServer:
 
 
 @contextmanager
-def running_server(settings: Settings) -> Iterator[LiveServer]:
-    live = start_server(settings)
+def running_server(settings: Settings, *, plain_websockets: bool = False) -> Iterator[LiveServer]:
+    live = start_server(settings, plain_websockets=plain_websockets)
     try:
         yield live
     finally:

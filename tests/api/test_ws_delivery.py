@@ -22,9 +22,14 @@ import httpx
 import pytest
 
 from tests.support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
     LiveServer,
     asyncpg_dsn,
+    client,
     login,
+    running_server,
+    test_settings,
     wait_for,
 )
 from tests.wsclient import (
@@ -207,6 +212,29 @@ def test_ack_returns_the_prefetch_slot_before_its_delete_commits(
             assert ws.quiet(0.3) == []  # not ACKED yet: it is answered after its commit
         assert ws.expect("ACKED", id="a1")["delivery_tag"] == first["delivery_tag"]
         assert [m["body"] for m in browse(adm, q)] == ["second"]
+
+
+def test_delivery_under_a_server_without_the_send_many_extension(database_url: str) -> None:
+    """Our server writes a burst of deliveries in one send (app/server.py, SEND_MANY); under
+    any other ASGI server the connection sends them one ``websocket.send`` each."""
+    with (
+        running_server(test_settings(database_url), plain_websockets=True) as live,
+        client(live.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as admin,
+        WsClient.admin(live.ws_url) as ws,
+    ):
+        q = fresh()
+        declare_queue(admin, q)
+        bind(admin, "amq.direct", q, q)
+        ws.subscribe(q, 10)
+        publish_many(admin, q, list(range(25)))
+        got = []
+        for _ in range(25):
+            d = ws.delivery()
+            got.append(d["body"])
+            ws.send_json({"type": "ACK", "delivery_tag": d["delivery_tag"]})
+        assert got == list(range(25))
+        wait_for(lambda: stats(admin, q)["in_flight"] == 0, 5, message="acks to settle")
+        assert stats(admin, q)["ready"] == 0
 
 
 def test_prefetch_is_per_queue_on_one_connection(url: str, adm: httpx.Client) -> None:

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -45,6 +45,10 @@ OUTBOX_SOFT_LIMIT = 256
 MAX_INFLIGHT_OPS = 1024
 #: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
 OPS_GRACE_SECONDS = 5.0
+
+
+#: ASGI extension of our server (app/server.py): several text frames in one send
+SEND_MANY = "messagex.websocket.send_many"
 
 
 class State(Enum):
@@ -141,24 +145,48 @@ class WsConnection:
 
     async def _sender(self) -> None:
         loop = asyncio.get_running_loop()
-        send = self.ws.send
+        send_many = self._send_many()
         while True:
             items = await self.outbox.take()
             try:
-                # One timeout for the whole batch, moved forward before each frame: every send
+                # One timeout for the whole batch, moved forward before each send: every send
                 # still gets SEND_TIMEOUT_SECONDS, without a task and a timer per frame (which
                 # asyncio.wait_for costs).
                 async with asyncio.timeout(None) as deadline:
+                    frames: list[bytes] = []
                     for item in items:
+                        if isinstance(item, bytes):
+                            frames.append(item)
+                            continue
                         deadline.reschedule(loop.time() + SEND_TIMEOUT_SECONDS)
-                        if isinstance(item, _Close):
-                            await self.ws.close(item.code, item.reason)
-                            return
-                        await send({"type": "websocket.send", "text": item.decode()})
+                        await send_many(frames)
+                        await self.ws.close(item.code, item.reason)
+                        return
+                    deadline.reschedule(loop.time() + SEND_TIMEOUT_SECONDS)
+                    await send_many(frames)
             except TimeoutError:
                 log.warning("closing a WebSocket that stopped reading (send timeout)")
                 self._abort()
                 return
+
+    def _send_many(self) -> Callable[[list[bytes]], Awaitable[None]]:
+        """Send encoded frames in order: in one write through our server's ``SEND_MANY``
+        extension, else one ASGI ``websocket.send`` each (any other ASGI server)."""
+        raw_send = getattr(self.ws, "_send", None)
+        if raw_send is not None and SEND_MANY in self.ws.scope.get("extensions", {}):
+
+            async def send_many(frames: list[bytes]) -> None:
+                if frames:
+                    await raw_send({"type": SEND_MANY, "frames": frames})
+
+            return send_many
+        send = self.ws.send
+
+        async def send_each(frames: list[bytes]) -> None:
+            for frame in frames:
+                await send({"type": "websocket.send", "text": frame.decode()})
+
+        return send_each
 
     def _abort(self) -> None:
         """Drop the TCP connection: a graceful close would wait for the peer to read."""
