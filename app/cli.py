@@ -33,7 +33,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     app = create_app(settings)
     # uvicorn re-raises SIGTERM after its graceful shutdown: make that a clean exit (0).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    build_server(app, settings, host, port).run()
+    build_server(app, settings, host, port, own_process=True).run()
     return 0
 
 
