@@ -12,6 +12,8 @@ from app.api.schemas.messages import PublishBody
 from app.errors import BadFrame
 
 FrameId = Annotated[str, Field(max_length=64)] | StrictInt
+_TAG_MAX = 128
+DeliveryTag = Annotated[str, Field(min_length=1, max_length=_TAG_MAX)]
 
 
 class _Frame(StrictModel):
@@ -44,12 +46,12 @@ class UnsubscribeFrame(_Frame):
 
 class AckFrame(_Frame):
     type: Literal["ACK"]
-    delivery_tag: Annotated[str, Field(min_length=1, max_length=128)]
+    delivery_tag: DeliveryTag
 
 
 class NackFrame(_Frame):
     type: Literal["NACK"]
-    delivery_tag: Annotated[str, Field(min_length=1, max_length=128)]
+    delivery_tag: DeliveryTag
     requeue: StrictBool = True
 
 
@@ -90,6 +92,25 @@ def frame_id_of(raw: Any) -> str | int | None:
     return None
 
 
+_ACK_KEYS = frozenset(("type", "delivery_tag", "id"))
+
+
+def _plain_ack(raw: dict[str, Any], frame_id: str | int | None) -> AckFrame | None:
+    """The frame a busy consumer sends per message, when it is exactly what ``AckFrame``
+    accepts without coercion (so the TypeAdapter would give the same frame): built without
+    running it. Anything else returns None and goes through the TypeAdapter."""
+    tag = raw.get("delivery_tag")
+    if (
+        raw.get("type") == "ACK"
+        and type(tag) is str
+        and 0 < len(tag) <= _TAG_MAX
+        and raw.keys() <= _ACK_KEYS
+        and (frame_id is not None or raw.get("id") is None)
+    ):
+        return AckFrame.model_construct(type="ACK", delivery_tag=tag, id=frame_id)
+    return None
+
+
 def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
     """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one)."""
     try:
@@ -100,6 +121,9 @@ def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
     frame_id = frame_id_of(raw)
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise BadFrame("a frame is a JSON object with a string 'type'", frame_id=frame_id)
+    ack = _plain_ack(raw, frame_id)
+    if ack is not None:
+        return ack, frame_id
     try:
         return FRAME.validate_python(raw), frame_id
     except ValidationError as exc:
