@@ -35,7 +35,7 @@ from bench.infra import (
     self_sample,
     tree_sample,
 )
-from bench.stats import MESSAGE_BYTES, BenchError, Result
+from bench.stats import MESSAGE_BYTES, BenchError, Result, scenario_name
 
 GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog")
 NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog"}
@@ -45,6 +45,8 @@ CEILING_BATCHES = (1, 10, 100)
 CEILING_CONNECTIONS = (1, 4)
 PUBLISH_MODES = ("single", "batch")
 PREFETCHES = (1, 10, 100)
+#: batch publishes with consumers that ack in groups (ack=batch), beside the per-message acks
+ACK_BATCHED_PREFETCHES = (10, 100)
 
 #: (full, smoke) defaults
 DEFAULTS: dict[str, tuple[Any, Any]] = {
@@ -54,6 +56,13 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "probes": (200, 10),
     "backlog_sizes": ([0, 100_000, 1_000_000], [0, 2_000]),
 }
+
+
+def ws_scenarios() -> list[tuple[str, int, str]]:
+    """(publish mode, prefetch, ack mode) of the WebSocket scenarios, run alike for MessageX
+    and RabbitMQ: every prefetch with per-message acks, and batch publishes with grouped acks."""
+    each = [(mode, prefetch, "each") for mode in PUBLISH_MODES for prefetch in PREFETCHES]
+    return each + [("batch", prefetch, "batch") for prefetch in ACK_BATCHED_PREFETCHES]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -247,10 +256,10 @@ class Run:
 
     async def run_messagex(self) -> None:
         settings = self.mx_settings()
-        for mode in PUBLISH_MODES:
-            for prefetch in PREFETCHES:
-                name = f"mx ws publish={mode} prefetch={prefetch}"
-                await self.scenario("messagex", name, mx.ws_throughput(settings, mode, prefetch))
+        for mode, prefetch, ack in ws_scenarios():
+            name = scenario_name("mx ws", mode, prefetch, ack)
+            work = mx.ws_throughput(settings, mode, prefetch, ack)
+            await self.scenario("messagex", name, work)
         for mode in PUBLISH_MODES:
             for max_messages in PREFETCHES:
                 name = f"mx pull publish={mode} max_messages={max_messages}"
@@ -287,10 +296,10 @@ class Run:
         if self.rabbit_skipped:
             return
         settings = self.rabbit_settings()
-        for mode in PUBLISH_MODES:
-            for prefetch in PREFETCHES:
-                name = f"rabbitmq publish={mode} prefetch={prefetch}"
-                await self.scenario("rabbitmq", name, rabbit.throughput(settings, mode, prefetch))
+        for mode, prefetch, ack in ws_scenarios():
+            name = scenario_name("rabbitmq", mode, prefetch, ack)
+            work = rabbit.throughput(settings, mode, prefetch, ack)
+            await self.scenario("rabbitmq", name, work)
 
     async def run_idle(self) -> None:
         n = self.cfg.idle_count

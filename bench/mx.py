@@ -16,9 +16,11 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench.infra import Meters
 from bench.stats import (
+    AckBatcher,
     BenchError,
     Result,
     Sink,
+    ack_group_size,
     cancel_all,
     chunks,
     failure,
@@ -27,6 +29,7 @@ from bench.stats import (
     now_ns,
     pace_check,
     race,
+    scenario_name,
     shares,
     throughput_result,
 )
@@ -222,8 +225,15 @@ class Mx:
         return ws
 
     @staticmethod
-    async def ws_consumer(ws: ClientConnection, sink: Sink) -> None:
-        """Receive deliveries and ack each one (no frame id: the broker sends no reply)."""
+    async def ws_consumer(ws: ClientConnection, sink: Sink, ack_group: int | None = None) -> None:
+        """Receive deliveries and ack every one (no frame id: the broker sends no reply):
+        one ``ACK`` frame each, or, with ``ack_group``, one ``ACK`` with ``delivery_tags``
+        per group (AckBatcher)."""
+
+        async def ack_many(tags: list[str]) -> None:
+            await ws.send(orjson.dumps({"type": "ACK", "delivery_tags": tags}).decode())
+
+        batcher = AckBatcher(ack_group, ack_many) if ack_group is not None else None
         async for raw in ws:
             received = now_ns()
             frame = orjson.loads(raw)
@@ -233,7 +243,10 @@ class Mx:
                 continue
             body = frame["body"]
             sink.record(body["seq"], body["ts"], received)
-            await ws.send(f'{{"type":"ACK","delivery_tag":"{frame["delivery_tag"]}"}}')
+            if batcher is not None:
+                await batcher.add(frame["delivery_tag"])
+            else:
+                await ws.send(f'{{"type":"ACK","delivery_tag":"{frame["delivery_tag"]}"}}')
 
     async def pull_consumer(self, queue: str, max_messages: int, sink: Sink) -> None:
         """POST /queues/{q}/get, then ack every delivery (up to ACK_CONCURRENCY at once)."""
@@ -332,17 +345,19 @@ async def _finish(
     return status, note
 
 
-async def ws_throughput(s: Settings, mode: str, prefetch: int) -> Result:
-    """HTTP publish (single or batches of 100) → WebSocket consumers that ack every message."""
+async def ws_throughput(s: Settings, mode: str, prefetch: int, ack: str = "each") -> Result:
+    """HTTP publish (single or batches of 100) → WebSocket consumers that ack every message,
+    one frame each (``ack="each"``) or in groups (``"batch"``)."""
     queue = unique(f"ws-{mode}-p{prefetch}")
     params = {
         "transport": "websocket",
         "publish": mode,
         "prefetch": prefetch,
+        "ack": ack,
         "publishers": s.publishers,
         "consumers": s.consumers,
     }
-    name = f"mx ws publish={mode} prefetch={prefetch}"
+    name = scenario_name("mx ws", mode, prefetch, ack)
     await s.mx.declare_queue(queue)
     sockets: list[ClientConnection] = []
     tasks: list[asyncio.Task[Any]] = []
@@ -353,7 +368,8 @@ async def ws_throughput(s: Settings, mode: str, prefetch: int) -> Result:
         before = await _counters_before(s)
         s.meters.start()
         started = now_ns()
-        tasks += [asyncio.create_task(s.mx.ws_consumer(ws, sink)) for ws in sockets]
+        group = ack_group_size(prefetch) if ack == "batch" else None
+        tasks += [asyncio.create_task(s.mx.ws_consumer(ws, sink, group)) for ws in sockets]
         tasks += [
             asyncio.create_task(s.mx.publisher(queue, seqs, mode))
             for seqs in shares(s.count, s.publishers)

@@ -13,8 +13,10 @@ from typing import Any
 from bench.infra import Meters, ensure_loopback
 from bench.mx import BATCH, paced
 from bench.stats import (
+    AckBatcher,
     Result,
     Sink,
+    ack_group_size,
     cancel_all,
     chunks,
     latency_summary,
@@ -22,6 +24,7 @@ from bench.stats import (
     now_ns,
     pace_check,
     race,
+    scenario_name,
     shares,
     throughput_result,
 )
@@ -83,16 +86,27 @@ class Rabbit:
             await channel.queue_delete(queue)
             await channel.close()
 
-    async def consumer(self, queue: str, prefetch: int, sink: Sink) -> Any:
-        """A consumer that acks every message; returns its channel."""
+    async def consumer(
+        self, queue: str, prefetch: int, sink: Sink, ack_group: int | None = None
+    ) -> Any:
+        """A consumer that acks every message, one ``basic.ack`` each or, with ``ack_group``,
+        one ``basic.ack`` with ``multiple`` per group (AckBatcher); returns its channel."""
         conn = await self.connect()
         channel = await conn.channel()
         await channel.set_qos(prefetch_count=prefetch)
         q = await channel.declare_queue(queue, durable=True)
 
+        async def ack_up_to(group: list[Any]) -> None:
+            await group[-1].ack(multiple=True)  # every earlier delivery on this channel too
+
+        batcher = AckBatcher(ack_group, ack_up_to) if ack_group is not None else None
+
         async def on_message(message: Any) -> None:
             sink.record_body(message.body, now_ns())
-            await message.ack()
+            if batcher is not None:
+                await batcher.add(message)
+            else:
+                await message.ack()
 
         await q.consume(on_message, no_ack=False)
         return channel
@@ -127,12 +141,13 @@ async def _settle(channels: list[Any]) -> None:
             await asyncio.wait_for(channel.close(), 10)
 
 
-async def throughput(s: Settings, mode: str, prefetch: int) -> Result:
+async def throughput(s: Settings, mode: str, prefetch: int, ack: str = "each") -> Result:
     queue = f"bench-{mode}-p{prefetch}-{uuid.uuid4().hex[:8]}"
-    name = f"rabbitmq publish={mode} prefetch={prefetch}"
+    name = scenario_name("rabbitmq", mode, prefetch, ack)
     params = {
         "publish": mode,
         "prefetch": prefetch,
+        "ack": ack,
         "publishers": s.publishers,
         "consumers": s.consumers,
     }
@@ -142,7 +157,8 @@ async def throughput(s: Settings, mode: str, prefetch: int) -> Result:
         pub_conn = await rabbit.connect()
         await rabbit.declare(pub_conn, queue)
         sink = Sink(s.count)
-        channels = [await rabbit.consumer(queue, prefetch, sink) for _ in range(s.consumers)]
+        group = ack_group_size(prefetch) if ack == "batch" else None
+        channels = [await rabbit.consumer(queue, prefetch, sink, group) for _ in range(s.consumers)]
         s.meters.start()
         started = now_ns()
         tasks = [

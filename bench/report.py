@@ -52,17 +52,22 @@ def compare(mine: Result, base: Result, cpu: str = "server") -> dict[str, Any]:
     }
 
 
+def _ws_key(r: Result) -> tuple[Any, Any, Any]:
+    """What pairs a MessageX WebSocket scenario with its RabbitMQ one."""
+    return r.params["publish"], r.params["prefetch"], r.params.get("ack", "each")
+
+
 def ratios(results: Iterable[Result]) -> list[dict[str, Any]]:
     ok = [r for r in results if r.status == "ok"]
-    rabbit = {(r.params["publish"], r.params["prefetch"]): r for r in ok if r.group == "rabbitmq"}
+    rabbit = {_ws_key(r): r for r in ok if r.group == "rabbitmq"}
     ceilings = {(r.params["batch"], r.params["connections"]): r for r in ok if r.group == "ceiling"}
     out: list[dict[str, Any]] = []
     for r in ok:
         if r.group != "messagex":
             continue
         mode = r.params["publish"]
-        if r.params["transport"] == "websocket" and (mode, r.params["prefetch"]) in rabbit:
-            out.append(compare(r, rabbit[(mode, r.params["prefetch"])]))
+        if r.params["transport"] == "websocket" and _ws_key(r) in rabbit:
+            out.append(compare(r, rabbit[_ws_key(r)]))
         ceiling = ceilings.get((1 if mode == "single" else BATCH, CEILING_CONNECTIONS))
         if ceiling is not None:
             out.append(compare(r, ceiling, cpu="postgres"))

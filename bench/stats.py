@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -78,6 +78,62 @@ class Sink:
     @property
     def received(self) -> int:
         return len(self.seen)
+
+
+T = TypeVar("T")
+
+#: how the consumers of a throughput scenario ack: one ack per message, or in groups
+ACK_MODES = ("each", "batch")
+#: a batching consumer acks what it holds after this long without reaching its group size
+ACK_BATCH_DELAY_S = 0.002
+
+
+def scenario_name(system: str, publish: str, prefetch: int, ack: str) -> str:
+    """``mx ws publish=batch prefetch=100`` (acks one by one), ``… ack=batch`` in groups."""
+    name = f"{system} publish={publish} prefetch={prefetch}"
+    return name if ack == "each" else f"{name} ack={ack}"
+
+
+def ack_group_size(prefetch: int) -> int:
+    """A batching consumer acks in groups of half its prefetch window (so credit comes back
+    while the other half is still being worked on), the usual AMQP ``multiple`` practice."""
+    return max(1, prefetch // 2)
+
+
+class AckBatcher(Generic[T]):
+    """Collects what a consumer has handled and acks it in groups: at ``size`` items, or
+    ACK_BATCH_DELAY_S after the first of a group, whichever comes first. ``send`` gets the
+    group (MessageX: one ``ACK`` frame with ``delivery_tags``; RabbitMQ: ``basic.ack`` of
+    the last one with ``multiple``)."""
+
+    def __init__(self, size: int, send: Callable[[list[T]], Awaitable[None]]) -> None:
+        self.size = size
+        self.send = send
+        self.pending: list[T] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def add(self, item: T) -> None:
+        self.pending.append(item)
+        if len(self.pending) >= self.size:
+            await self.flush()
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(ACK_BATCH_DELAY_S, self._on_timer)
+
+    async def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        group, self.pending = self.pending, []
+        if group:
+            await self.send(group)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self.flush())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

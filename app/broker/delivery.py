@@ -23,7 +23,7 @@ from app.broker.wakeups import WakeHub, wait_event
 from app.config import Settings
 from app.domain.model import User
 from app.domain.retry import Outcome
-from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable, UnknownDeliveryTag
+from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable
 from app.metrics import Metrics
 from app.storage import deliveries, liveness
 from app.storage.database import Database
@@ -224,36 +224,51 @@ class DeliveryEngine:
             log.warning("could not remove a subscription row; the heartbeat reaper will")
 
     def ack_soon(
-        self, outlet: Outlet, tag: str, done: Callable[[BaseException | None], None]
-    ) -> asyncio.Future[int | None]:
-        """``ack`` without a task: ``done(None)`` once settled, or ``done(error)``
-        (UnknownDeliveryTag, Unavailable, ...). Returns what to wait for.
+        self,
+        outlet: Outlet,
+        tags: Sequence[str],
+        done: Callable[[list[str], BaseException | None], None],
+    ) -> asyncio.Future[list[int | None]]:
+        """ACK ``tags`` (each as if acked alone) without a task: ``done(unknown, None)`` once
+        settled, ``unknown`` listing the tags that were not live deliveries of this
+        connection; or ``done(tags, error)`` (Unavailable, ...). Returns what to wait for.
 
         The prefetch slot returns when the ACK arrives, not when its DELETE commits (as in
         RabbitMQ): the next claim runs while the batched DELETE does, instead of after it.
-        Should the DELETE fail (the database is unreachable), the delivery is still in flight
-        to this connection and takes its slot back; the 1 s reconciliation drops it again if
-        it is released meanwhile.
+        Should the DELETE fail (the database is unreachable), the deliveries are still in
+        flight to this connection and take their slots back; the 1 s reconciliation drops
+        them again if they are released meanwhile.
         """
-        sub = self.registry.find_by_tag(outlet.id, tag)
-        if sub is not None:
-            sub.unsettled.discard(tag)
-            self.hub.wake([sub.queue_id])
-        future = self.settlement.submit_ack(outlet.id, tag)
+        held: list[tuple[str, Subscription]] = []
+        woken: set[int] = set()
+        for tag in tags:
+            sub = self.registry.find_by_tag(outlet.id, tag)
+            if sub is not None:
+                sub.unsettled.discard(tag)
+                held.append((tag, sub))
+                woken.add(sub.queue_id)
+        if woken:
+            self.hub.wake(woken)
+        future = self.settlement.submit_acks(outlet.id, tags)
 
-        def settled(f: asyncio.Future[int | None]) -> None:
+        def settled(f: asyncio.Future[list[int | None]]) -> None:
             if f.cancelled():
                 return
             exc = f.exception()
-            if exc is None:
-                queue_id = f.result()
-                if queue_id is None:
-                    exc = UnknownDeliveryTag()
-                elif sub is None:
-                    self._free_credit(outlet.id, tag, queue_id)
-            elif sub is not None and sub.active:
-                sub.unsettled.add(tag)
-            done(exc)
+            if exc is not None:
+                for tag, sub in held:
+                    if sub.active:
+                        sub.unsettled.add(tag)
+                done(list(tags), exc)
+                return
+            results = list(zip(tags, f.result(), strict=True))
+            if len(held) < len(tags):
+                # acked but not held when it arrived: a SUBSCRIBE since may hold it now
+                mine = {tag for tag, _ in held}
+                for tag, queue_id in results:
+                    if queue_id is not None and tag not in mine:
+                        self._free_credit(outlet.id, tag, queue_id)
+            done([tag for tag, queue_id in results if queue_id is None], None)
 
         future.add_done_callback(settled)
         return future

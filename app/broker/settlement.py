@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from app.broker.tasks import TaskOwner
 from app.domain.retry import Outcome
@@ -40,12 +39,15 @@ def parse_tag(tag: str) -> int | None:
     return value if value <= _MAX_ID else None
 
 
-@dataclass
-class _PendingAck:
-    id: int
-    tag: str
-    owner: str
-    future: asyncio.Future[int | None]
+class _AckGroup:
+    """The tags of one ACK frame: one future for all of them, resolved with the queue id of
+    each tag (None where the tag is not a live delivery of that connection)."""
+
+    __slots__ = ("future", "queue_ids")
+
+    def __init__(self, size: int) -> None:
+        self.future: asyncio.Future[list[int | None]] = asyncio.get_running_loop().create_future()
+        self.queue_ids: list[int | None] = [None] * size
 
 
 class Settlement:
@@ -62,46 +64,54 @@ class Settlement:
         self.tasks = tasks
         self.metrics = metrics
         self.after_settle = after_settle
-        self._pending: list[_PendingAck] = []
+        # (message id, tag, owner connection, group, index in the group)
+        self._pending: list[tuple[int, str, str, _AckGroup, int]] = []
         self._flushing = False
 
     # -- ACK ------------------------------------------------------------------------------
 
-    def submit_ack(self, owner_connection: str, tag: str) -> asyncio.Future[int | None]:
-        """Queue an acknowledgement for the next batched statement. The future resolves to
-        the queue id, or None when the tag is not a live delivery of that connection (the
-        caller's UnknownDeliveryTag); it fails with Unavailable/InternalError like a query.
-        No task per ack: a consumer acking every message sends thousands a second."""
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        message_id = parse_tag(tag)
-        if message_id is None:
-            future.set_result(None)
-            return future
-        self._pending.append(_PendingAck(message_id, tag, owner_connection, future))
-        if not self._flushing:
+    def submit_acks(
+        self, owner_connection: str, tags: Sequence[str]
+    ) -> asyncio.Future[list[int | None]]:
+        """Queue acknowledgements for the next batched statement. The future resolves to the
+        queue id of each tag, or None where the tag is not a live delivery of that connection
+        (the caller's UnknownDeliveryTag); it fails with Unavailable/InternalError like a
+        query. No task per ack: a consumer acking every message sends thousands a second."""
+        group = _AckGroup(len(tags))
+        queued = False
+        for index, tag in enumerate(tags):
+            message_id = parse_tag(tag)
+            if message_id is not None:
+                self._pending.append((message_id, tag, owner_connection, group, index))
+                queued = True
+        if not queued:
+            group.future.set_result(group.queue_ids)
+        elif not self._flushing:
             self._flushing = True
             self.tasks.spawn(self._flush(), name="ack-flush")
-        return future
+        return group.future
 
     async def _flush(self) -> None:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                groups = {id(p[3]): p[3] for p in batch}
                 try:
-                    done = await deliveries.ack_many(
-                        self.db.hot, [(p.id, p.tag, p.owner) for p in batch]
-                    )
+                    done = await deliveries.ack_many(self.db.hot, [p[:3] for p in batch])
                 except Exception as exc:
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
+                    for group in groups.values():
+                        if not group.future.done():
+                            group.future.set_exception(exc)
                     continue
                 deleted = dict(done)
                 self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_result(deleted.pop(p.id, None))
+                for message_id, _, _, group, index in batch:
+                    # pop: the same tag twice in one batch is acked once, unknown the second time
+                    group.queue_ids[index] = deleted.pop(message_id, None)
+                for group in groups.values():
+                    if not group.future.done():
+                        group.future.set_result(group.queue_ids)
         finally:
             self._flushing = False
 

@@ -29,9 +29,9 @@ from tests.support import (
     client,
     login,
     running_server,
-    test_settings,
     wait_for,
 )
+from tests.support import test_settings as settings_for
 from tests.wsclient import (
     WsClient,
     bind,
@@ -218,7 +218,7 @@ def test_delivery_under_a_server_without_the_send_many_extension(database_url: s
     """Our server writes a burst of deliveries in one send (app/server.py, SEND_MANY); under
     any other ASGI server the connection sends them one ``websocket.send`` each."""
     with (
-        running_server(test_settings(database_url), plain_websockets=True) as live,
+        running_server(settings_for(database_url), plain_websockets=True) as live,
         client(live.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as admin,
         WsClient.admin(live.ws_url) as ws,
     ):

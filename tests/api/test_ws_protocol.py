@@ -471,6 +471,102 @@ def test_empty_or_non_string_tag_is_bad_frame(url: str) -> None:
         _error(ws.request({"type": "NACK", "delivery_tag": "1.x", "requeue": "yes"}), "bad_frame")
 
 
+# -- ACK of several tags in one frame (a MessageX addition, docs/decisions.md) ------------
+
+
+def test_ack_of_several_tags_settles_each_and_frees_their_slots(
+    url: str, adm: httpx.Client, q: str
+) -> None:
+    for i in range(6):
+        publish(adm, q, i)
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 3)
+        first = ws.deliveries_n(3)
+        assert ws.quiet(0.3) == []
+        tags = [d["delivery_tag"] for d in first]
+        reply = ws.request({"type": "ACK", "delivery_tags": tags})
+        assert reply == {"type": "ACKED", "delivery_tags": tags, "id": reply["id"]}
+        nxt = ws.deliveries_n(3)  # three slots back
+        assert [d["body"] for d in nxt] == [3, 4, 5]
+        assert [m["body"] for m in browse(adm, q)] == [3, 4, 5]
+        # without id: no reply
+        ws.send_json({"type": "ACK", "delivery_tags": [d["delivery_tag"] for d in nxt]})
+        wait_for(lambda: browse(adm, q) == [], 3, message="the acks to delete the messages")
+        assert ws.quiet(0.3) == []
+
+
+def test_ack_of_several_tags_names_only_the_unknown_ones(
+    url: str, adm: httpx.Client, q: str
+) -> None:
+    """Each tag settles as if acked alone: unknown ones change nothing and the others are
+    acknowledged; one ERROR names the unknown ones (with or without id)."""
+    for i in range(3):
+        publish(adm, q, i)
+    with WsClient.admin(url) as owner, WsClient.admin(url) as other:
+        owner.subscribe(q, 2)
+        a, b = owner.deliveries_n(2)
+        other.subscribe(q, 1)
+        c = other.delivery()
+        assert owner.ack(a["delivery_tag"])["type"] == "ACKED"
+        bogus = "garbage"
+        tags = [a["delivery_tag"], b["delivery_tag"], c["delivery_tag"], bogus]
+        err = _error(owner.request({"type": "ACK", "delivery_tags": tags}), "unknown_delivery_tag")
+        # acked before, another connection's, not a tag at all
+        assert err["delivery_tags"] == [a["delivery_tag"], c["delivery_tag"], bogus]
+        assert "delivery_tag" not in err
+        assert [m["body"] for m in browse(adm, q)] == [2]  # b acked, c still in flight
+        owner.send_json({"type": "ACK", "delivery_tags": [bogus]})
+        err = owner.expect("ERROR")
+        assert (err["code"], err["delivery_tags"], "id" in err) == (
+            "unknown_delivery_tag",
+            [bogus],
+            False,
+        )
+        assert other.ack(c["delivery_tag"])["type"] == "ACKED"
+    assert browse(adm, q) == []
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "ACK", "delivery_tags": []},
+        {"type": "ACK", "delivery_tags": ["t"] * 1001},
+        {"type": "ACK", "delivery_tags": ["ok", ""]},
+        {"type": "ACK", "delivery_tags": ["ok", 5]},
+        {"type": "ACK", "delivery_tags": "not-a-list"},
+        {"type": "ACK", "delivery_tags": None},
+        {"type": "ACK", "delivery_tag": "x", "delivery_tags": ["x"]},
+        {"type": "ACK", "delivery_tags": ["x" * 129]},
+    ],
+    ids=["empty", "1001", "empty-tag", "number", "string", "null", "both", "long"],
+)
+def test_malformed_multi_tag_ack_is_bad_frame_and_changes_nothing(
+    url: str, adm: httpx.Client, q: str, frame: dict[str, Any]
+) -> None:
+    publish(adm, q, 1)
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q)
+        d = ws.delivery()
+        if frame.get("delivery_tags") == ["x"]:
+            frame = {
+                **frame,
+                "delivery_tag": d["delivery_tag"],
+                "delivery_tags": [d["delivery_tag"]],
+            }
+        _error(ws.request(frame), "bad_frame")
+        assert [m["status"] for m in browse(adm, q)] == ["in_flight"]
+        assert ws.request({"type": "ACK", "delivery_tags": [d["delivery_tag"]] * 1})["type"] == (
+            "ACKED"
+        )
+
+
+def test_ack_of_a_thousand_tags_is_accepted(url: str) -> None:
+    with WsClient.admin(url) as ws:
+        tags = [f"{i}.{'a' * 32}" for i in range(1, 1001)]
+        err = _error(ws.request({"type": "ACK", "delivery_tags": tags}), "unknown_delivery_tag")
+        assert err["delivery_tags"] == tags
+
+
 def test_nack_requeue_redelivers(url: str, adm: httpx.Client, q: str) -> None:
     publish(adm, q, "again")
     with WsClient.admin(url) as ws:

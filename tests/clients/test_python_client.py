@@ -16,6 +16,7 @@ from messagex_client import (
     NotFound,
     StaleDelivery,
     SubscriptionCancelled,
+    UnknownDeliveryTag,
     Unroutable,
     websocket_url,
 )
@@ -108,6 +109,25 @@ async def test_subscribe_iterates_and_settles(mx: Client, rest: httpx.AsyncClien
         "dead": 0,
         "consumers": 0,
     }
+
+
+async def test_ack_many_settles_in_one_frame_and_names_what_it_could_not(
+    mx: Client, rest: httpx.AsyncClient
+) -> None:
+    q = await queue(rest, "py-ack-many")
+    for n in range(5):
+        await mx.publish(queue=q, body=n)
+    async with mx.subscribe(q, prefetch=5) as messages:
+        received = [await next_message(messages) for _ in range(5)]
+        await received[0].ack()
+        with pytest.raises(UnknownDeliveryTag) as caught:
+            await mx.ack_many(received)
+        assert caught.value.frame is not None
+        assert caught.value.frame["delivery_tags"] == [received[0].delivery_tag]
+        assert all(m.settled for m in received[1:])
+        assert (await stats(rest, q))["in_flight"] == 0
+        await mx.ack_many([])
+    assert (await stats(rest, q))["ready"] == 0
 
 
 async def test_leaving_the_subscription_returns_unread_deliveries(

@@ -1,4 +1,5 @@
-"""The plain-ACK shortcut of app/api/ws/frames.parse gives exactly what the TypeAdapter does."""
+"""The plain-ACK shortcut of app/api/ws/frames.parse (one tag or several) gives exactly what
+the TypeAdapter does."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ CASES: list[Any] = [
     {"type": "ACK"},
     {"type": "ACK", "delivery_tag": TAG, "requeue": True},
     {"type": "ACK", "delivery_tag": "é€😀"},
+    {"type": "ACK", "delivery_tags": [TAG, "t" * 128]},
+    {"type": "ACK", "delivery_tags": [TAG], "id": "m"},
+    {"type": "ACK", "delivery_tags": [TAG], "id": False},
+    {"type": "ACK", "delivery_tags": ["t"] * 1000},
+    {"type": "ACK", "delivery_tags": ["t"] * 1001},
+    {"type": "ACK", "delivery_tags": []},
+    {"type": "ACK", "delivery_tags": [TAG, ""]},
+    {"type": "ACK", "delivery_tags": [TAG, None]},
+    {"type": "ACK", "delivery_tags": [TAG, "t" * 129]},
+    {"type": "ACK", "delivery_tags": TAG},
+    {"type": "ACK", "delivery_tags": None},
+    {"type": "ACK", "delivery_tags": [TAG], "delivery_tag": TAG},
+    {"type": "ACK", "delivery_tags": [TAG], "requeue": False},
 ]
 
 

@@ -29,7 +29,7 @@ from app.auth.tokens import digest as token_digest
 from app.broker.consumers import Subscription
 from app.broker.services import Services
 from app.domain.model import Delivery, User
-from app.errors import BadFrame, BrokerError, RateLimited, Unauthorized
+from app.errors import BadFrame, BrokerError, RateLimited, Unauthorized, UnknownDeliveryTag
 
 log = logging.getLogger("messagex.ws")
 
@@ -338,8 +338,7 @@ class WsConnection:
             if isinstance(frame, frames.AckFrame):
                 # The frame a busy consumer sends per message: settled through a callback on
                 # the batched ack's future, not a task per frame.
-                tag = frame.delivery_tag
-                op = self.engine.ack_soon(self, tag, partial(self._acked, tag, frame_id))
+                op = self.engine.ack_soon(self, frame.tags, partial(self._acked, frame, frame_id))
             else:
                 op = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
             self._ops.add(op)
@@ -356,15 +355,39 @@ class WsConnection:
         self._ops.discard(op)
         self._ops_room.set()
 
-    def _acked(self, tag: str, frame_id: str | int | None, exc: BaseException | None) -> None:
-        if exc is None:
+    def _acked(
+        self,
+        frame: frames.AckFrame,
+        frame_id: str | int | None,
+        unknown: list[str],
+        exc: BaseException | None,
+    ) -> None:
+        """The reply to an ACK: ``ACKED`` (with an id), or one ``ERROR`` naming the tags that
+        were unknown (the frame's other tags are acknowledged) or that failed."""
+        many = frame.delivery_tags is not None
+        if exc is None and not unknown:
             if frame_id is not None:
-                self.reply(frame_id, {"type": "ACKED", "delivery_tag": tag})
+                if many:
+                    self.reply(frame_id, {"type": "ACKED", "delivery_tags": frame.delivery_tags})
+                else:
+                    self.reply(frame_id, {"type": "ACKED", "delivery_tag": frame.delivery_tag})
+            return
+        if exc is None:
+            error: BrokerError = UnknownDeliveryTag()
+            if many:
+                error = UnknownDeliveryTag(
+                    f"{len(unknown)} of the {len(frame.tags)} delivery tags are not deliveries"
+                    " in flight to this connection; the others are acknowledged"
+                )
         elif isinstance(exc, BrokerError):
-            self.error(exc, frame_id, delivery_tag=tag)
+            error = exc
         else:
             log.error("an ACK failed unexpectedly: %s", type(exc).__name__)
-            self.error(BrokerError("an internal error occurred"), frame_id, delivery_tag=tag)
+            error = BrokerError("an internal error occurred")
+        if many:
+            self.error(error, frame_id, delivery_tags=unknown)
+        else:
+            self.error(error, frame_id, delivery_tag=frame.delivery_tag)
 
     async def _guarded(self, work: Any, frame_id: str | int | None) -> None:
         try:

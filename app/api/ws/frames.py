@@ -13,6 +13,8 @@ from app.errors import BadFrame
 
 FrameId = Annotated[str, Field(max_length=64)] | StrictInt
 _TAG_MAX = 128
+#: at most this many tags in one ACK frame (prefetch is at most 1000 too)
+MAX_ACK_TAGS = 1000
 DeliveryTag = Annotated[str, Field(min_length=1, max_length=_TAG_MAX)]
 
 
@@ -45,8 +47,28 @@ class UnsubscribeFrame(_Frame):
 
 
 class AckFrame(_Frame):
+    """``ACK`` of one delivery (``delivery_tag``), or of several in one frame
+    (``delivery_tags``, a MessageX addition: each tag settles as if it came in an ACK of its
+    own, as AMQP's ``multiple`` or SQS's ``DeleteMessageBatch`` let a consumer do)."""
+
     type: Literal["ACK"]
-    delivery_tag: DeliveryTag
+    delivery_tag: DeliveryTag | None = None
+    delivery_tags: (
+        Annotated[list[DeliveryTag], Field(min_length=1, max_length=MAX_ACK_TAGS)] | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AckFrame:
+        if (self.delivery_tag is None) == (self.delivery_tags is None):
+            raise ValueError("exactly one of 'delivery_tag' and 'delivery_tags' must be given")
+        return self
+
+    @property
+    def tags(self) -> list[str]:
+        if self.delivery_tags is not None:
+            return self.delivery_tags
+        assert self.delivery_tag is not None
+        return [self.delivery_tag]
 
 
 class NackFrame(_Frame):
@@ -92,22 +114,31 @@ def frame_id_of(raw: Any) -> str | int | None:
     return None
 
 
-_ACK_KEYS = frozenset(("type", "delivery_tag", "id"))
+_ACK_ONE_KEYS = frozenset(("type", "delivery_tag", "id"))
+_ACK_MANY_KEYS = frozenset(("type", "delivery_tags", "id"))
+
+
+def _is_tag(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= _TAG_MAX
 
 
 def _plain_ack(raw: dict[str, Any], frame_id: str | int | None) -> AckFrame | None:
-    """The frame a busy consumer sends per message, when it is exactly what ``AckFrame``
-    accepts without coercion (so the TypeAdapter would give the same frame): built without
-    running it. Anything else returns None and goes through the TypeAdapter."""
-    tag = raw.get("delivery_tag")
-    if (
-        raw.get("type") == "ACK"
-        and type(tag) is str
-        and 0 < len(tag) <= _TAG_MAX
-        and raw.keys() <= _ACK_KEYS
-        and (frame_id is not None or raw.get("id") is None)
-    ):
-        return AckFrame.model_construct(type="ACK", delivery_tag=tag, id=frame_id)
+    """The frame a busy consumer sends per message (or per batch), when it is exactly what
+    ``AckFrame`` accepts without coercion, so the TypeAdapter would give the same frame:
+    built without running it. Anything else returns None and goes through the TypeAdapter."""
+    if raw.get("type") != "ACK" or (frame_id is None and raw.get("id") is not None):
+        return None
+    keys = raw.keys()
+    if keys <= _ACK_ONE_KEYS:
+        tag = raw.get("delivery_tag")
+        if _is_tag(tag):
+            return AckFrame.model_construct(type="ACK", delivery_tag=tag, id=frame_id)
+    elif keys <= _ACK_MANY_KEYS:
+        tags = raw.get("delivery_tags")
+        if type(tags) is list and 0 < len(tags) <= MAX_ACK_TAGS and all(map(_is_tag, tags)):
+            return AckFrame.model_construct(
+                type="ACK", delivery_tag=None, delivery_tags=tags, id=frame_id
+            )
     return None
 
 

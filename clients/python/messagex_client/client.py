@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -37,6 +37,7 @@ from messagex_client.errors import (
     RateLimited,
     StaleDelivery,
     SubscriptionCancelled,
+    UnknownDeliveryTag,
     error_from_frame,
 )
 
@@ -47,6 +48,8 @@ CLOSE_UNAUTHORIZED: Final = 4401
 CLOSE_RATE_LIMITED: Final = 4429
 #: Frames can hold a 1 MiB body as base64 plus headers: leave room.
 MAX_FRAME_BYTES: Final = 32 * 1024 * 1024
+#: the broker takes at most this many tags in one ACK frame
+MAX_ACK_TAGS: Final = 1000
 
 
 def websocket_url(url: str) -> str:
@@ -396,6 +399,37 @@ class Client:
     def subscribe(self, queue: str, *, prefetch: int = 1) -> Subscription:
         """A subscription to ``queue`` (started by ``async with``, ``start()`` or iterating)."""
         return Subscription(self, queue, prefetch)
+
+    async def ack_many(self, messages: Sequence[Message]) -> None:
+        """Acknowledge several deliveries with one frame each 1,000 (``ACK`` with
+        ``delivery_tags``) instead of one round trip per message. Each is settled as if acked
+        alone: when some could not be, :class:`UnknownDeliveryTag` is raised with their tags
+        in ``error.frame["delivery_tags"]``, and the others are acked (``settled`` tells)."""
+        if any(m._generation != self._generation for m in messages) or not self.connected:
+            raise StaleDelivery(
+                "a delivery came on a connection that has closed; the broker redelivers it"
+            )
+        unknown: list[str] = []
+        failure: UnknownDeliveryTag | None = None
+        for start in range(0, len(messages), MAX_ACK_TAGS):
+            chunk = messages[start : start + MAX_ACK_TAGS]
+            try:
+                await self._request(
+                    {"type": "ACK", "delivery_tags": [m.delivery_tag for m in chunk]}
+                )
+            except UnknownDeliveryTag as exc:
+                unknown.extend((exc.frame or {}).get("delivery_tags", ()))
+                failure = exc
+            missed = set(unknown)
+            for m in chunk:
+                if m.delivery_tag not in missed:
+                    m.settled = True
+        if failure is not None:
+            raise UnknownDeliveryTag(
+                f"{len(unknown)} of {len(messages)} deliveries could not be acked",
+                code=failure.code,
+                frame={**(failure.frame or {}), "delivery_tags": unknown},
+            )
 
     async def ping(self) -> None:
         """A round trip to the broker (``PING`` → ``PONG``)."""
