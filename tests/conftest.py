@@ -20,7 +20,6 @@ from tests.support import (
     test_settings,
 )
 
-
 # Property tests check what is generated, not how fast: on a busy 2-core machine (CI, a
 # benchmark beside it) data generation can be slow, which must not fail a test.
 settings.register_profile("messagex", suppress_health_check=[HealthCheck.too_slow])
