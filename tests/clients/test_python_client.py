@@ -47,6 +47,14 @@ async def queue(rest: httpx.AsyncClient, name: str, **declaration: object) -> st
     return name
 
 
+async def queue_of_numbers(mx: Client, rest: httpx.AsyncClient, name: str, count: int) -> str:
+    """A queue holding the bodies 0 … count-1, published through the client."""
+    q = await queue(rest, name)
+    for n in range(count):
+        await mx.publish(queue=q, body=n)
+    return q
+
+
 async def stats(rest: httpx.AsyncClient, name: str) -> dict[str, int]:
     r = await rest.get(f"/queues/{name}")
     result: dict[str, int] = r.json()["stats"]
@@ -114,9 +122,7 @@ async def test_subscribe_iterates_and_settles(mx: Client, rest: httpx.AsyncClien
 async def test_ack_many_settles_in_one_frame_and_names_what_it_could_not(
     mx: Client, rest: httpx.AsyncClient
 ) -> None:
-    q = await queue(rest, "py-ack-many")
-    for n in range(5):
-        await mx.publish(queue=q, body=n)
+    q = await queue_of_numbers(mx, rest, "py-ack-many", 5)
     async with mx.subscribe(q, prefetch=5) as messages:
         received = [await next_message(messages) for _ in range(5)]
         await received[0].ack()
@@ -133,9 +139,7 @@ async def test_ack_many_settles_in_one_frame_and_names_what_it_could_not(
 async def test_leaving_the_subscription_returns_unread_deliveries(
     mx: Client, rest: httpx.AsyncClient
 ) -> None:
-    q = await queue(rest, "py-leave")
-    for n in range(3):
-        await mx.publish(queue=q, body=n)
+    q = await queue_of_numbers(mx, rest, "py-leave", 3)
     async with mx.subscribe(q, prefetch=3) as messages:
         first = await next_message(messages)
         await async_wait_for(
