@@ -65,6 +65,13 @@ def ws_scenarios() -> list[tuple[str, int, str]]:
     return each + [("batch", prefetch, "batch") for prefetch in ACK_BATCHED_PREFETCHES]
 
 
+def pull_scenarios() -> list[tuple[str, int, str]]:
+    """(publish mode, max_messages, ack mode) of the pull scenarios: an ack request per
+    delivery for every size, and one POST /deliveries/ack per get for batch publishes."""
+    each = [(mode, size, "each") for mode in PUBLISH_MODES for size in PREFETCHES]
+    return each + [("batch", size, "batch") for size in ACK_BATCHED_PREFETCHES]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -260,11 +267,10 @@ class Run:
             name = scenario_name("mx ws", mode, prefetch, ack)
             work = mx.ws_throughput(settings, mode, prefetch, ack)
             await self.scenario("messagex", name, work)
-        for mode in PUBLISH_MODES:
-            for max_messages in PREFETCHES:
-                name = f"mx pull publish={mode} max_messages={max_messages}"
-                work = mx.pull_throughput(settings, mode, max_messages)
-                await self.scenario("messagex", name, work)
+        for mode, max_messages, ack in pull_scenarios():
+            name = scenario_name("mx pull", mode, max_messages, ack, "max_messages")
+            work = mx.pull_throughput(settings, mode, max_messages, ack)
+            await self.scenario("messagex", name, work)
 
     async def run_groupcommit(self) -> None:
         """The same single-publish load on this run's broker (group commit on) and on a

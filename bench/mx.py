@@ -248,8 +248,12 @@ class Mx:
             else:
                 await ws.send(f'{{"type":"ACK","delivery_tag":"{frame["delivery_tag"]}"}}')
 
-    async def pull_consumer(self, queue: str, max_messages: int, sink: Sink) -> None:
-        """POST /queues/{q}/get, then ack every delivery (up to ACK_CONCURRENCY at once)."""
+    async def pull_consumer(
+        self, queue: str, max_messages: int, sink: Sink, ack: str = "each"
+    ) -> None:
+        """POST /queues/{q}/get, then ack every delivery: one request each (up to
+        ACK_CONCURRENCY at once), or, with ``ack="batch"``, one ``POST /deliveries/ack`` for
+        all that the get returned."""
         get = self.post(
             f"/queues/{queue}/get", orjson.dumps({"max_messages": max_messages, "wait_ms": 200})
         )
@@ -258,7 +262,7 @@ class Mx:
         for _ in range(ACK_CONCURRENCY):
             idle.put_nowait(await RawHttp.open(self.port))
 
-        async def ack(tag: str) -> None:
+        async def ack_one(tag: str) -> None:
             conn = await idle.get()
             try:
                 await conn.send(self.post(f"/deliveries/{tag}/ack", b""), expect=204)
@@ -272,7 +276,12 @@ class Mx:
                 messages = orjson.loads(answer)["messages"]
                 for m in messages:
                     sink.record(m["body"]["seq"], m["body"]["ts"], received)
-                await asyncio.gather(*(ack(m["delivery_tag"]) for m in messages))
+                if ack == "batch" and messages:
+                    tags = [m["delivery_tag"] for m in messages]
+                    body = orjson.dumps({"delivery_tags": tags})
+                    await http.send(self.post("/deliveries/ack", body))
+                else:
+                    await asyncio.gather(*(ack_one(m["delivery_tag"]) for m in messages))
         finally:
             http.close()
             while not idle.empty():
@@ -388,17 +397,19 @@ async def ws_throughput(s: Settings, mode: str, prefetch: int, ack: str = "each"
         await s.mx.delete_queue(queue)
 
 
-async def pull_throughput(s: Settings, mode: str, max_messages: int) -> Result:
-    """HTTP publish → HTTP pull (get up to max_messages, then ack each over HTTP)."""
+async def pull_throughput(s: Settings, mode: str, max_messages: int, ack: str = "each") -> Result:
+    """HTTP publish → HTTP pull (get up to max_messages, then ack each over HTTP, or all of
+    them with one request)."""
     queue = unique(f"pull-{mode}-m{max_messages}")
     params = {
         "transport": "http-pull",
         "publish": mode,
         "max_messages": max_messages,
+        "ack": ack,
         "publishers": s.publishers,
         "consumers": s.consumers,
     }
-    name = f"mx pull publish={mode} max_messages={max_messages}"
+    name = scenario_name("mx pull", mode, max_messages, ack, "max_messages")
     await s.mx.declare_queue(queue)
     sink = Sink(s.count)
     tasks: list[asyncio.Task[Any]] = []
@@ -407,7 +418,7 @@ async def pull_throughput(s: Settings, mode: str, max_messages: int) -> Result:
         s.meters.start()
         started = now_ns()
         tasks += [
-            asyncio.create_task(s.mx.pull_consumer(queue, max_messages, sink))
+            asyncio.create_task(s.mx.pull_consumer(queue, max_messages, sink, ack))
             for _ in range(s.consumers)
         ]
         tasks += [

@@ -88,9 +88,12 @@ ACK_MODES = ("each", "batch")
 ACK_BATCH_DELAY_S = 0.002
 
 
-def scenario_name(system: str, publish: str, prefetch: int, ack: str) -> str:
-    """``mx ws publish=batch prefetch=100`` (acks one by one), ``… ack=batch`` in groups."""
-    name = f"{system} publish={publish} prefetch={prefetch}"
+def scenario_name(
+    system: str, publish: str, prefetch: int, ack: str, size: str = "prefetch"
+) -> str:
+    """``mx ws publish=batch prefetch=100`` (acks one by one), ``… ack=batch`` in groups;
+    pull scenarios name their ``size`` ``max_messages``."""
+    name = f"{system} publish={publish} {size}={prefetch}"
     return name if ack == "each" else f"{name} ack={ack}"
 
 

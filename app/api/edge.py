@@ -30,7 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import jsonexact
 from app.api.observability import TEMPLATE_KEY
 from app.api.problems import broker_error_response
-from app.api.rest.consume import MAX_TAG, ack_pulled
+from app.api.rest.consume import ack_pulled
+from app.api.schemas.common import MAX_TAG
 from app.api.schemas.messages import fast_decode_publish, fast_decode_publish_batch
 from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult
 from app.errors import BrokerError

@@ -128,6 +128,21 @@ class Settlement:
         self.metrics.acked.inc()
         return queue_id
 
+    async def ack_pull_many(self, owner_user: str, tags: Sequence[str]) -> list[str]:
+        """ACK several pulled deliveries in one statement, each as if acked alone; returns
+        the tags that were acknowledged (a tag given twice is acknowledged once)."""
+        items = [(message_id, tag) for tag in tags if (message_id := parse_tag(tag)) is not None]
+        deleted = await deliveries.ack_pull_many(self.db.hot, items, owner_user)
+        if items:
+            self.metrics.ack_statements.inc()
+        self.metrics.acked.inc(len(deleted))
+        acked = []
+        for tag in tags:
+            if tag in deleted:
+                deleted.discard(tag)
+                acked.append(tag)
+        return acked
+
     # -- NACK -----------------------------------------------------------------------------
 
     async def nack(

@@ -131,8 +131,20 @@ RETURNING queue_id
 """)
 
 
+# Several pulled deliveries of one user at once (POST /deliveries/ack): each row as ACK_PULL
+# would find it, by primary key.
+ACK_PULL_MANY = text("""
+DELETE FROM messages AS m
+USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[])) AS a(id, tag)
+WHERE m.id = a.id AND m.delivery_tag = a.tag
+  AND m.owner_connection IS NULL AND m.owner_user = :owner_user
+RETURNING m.delivery_tag
+""")
+
+
 _ACK_MANY = Statement(ACK_MANY)
 _ACK_PULL = Statement(ACK_PULL)
+_ACK_PULL_MANY = Statement(ACK_PULL_MANY)
 
 
 async def ack_many(hot: HotPath, items: Sequence[tuple[int, str, str]]) -> list[tuple[int, int]]:
@@ -148,6 +160,19 @@ async def ack_many(hot: HotPath, items: Sequence[tuple[int, str, str]]) -> list[
         },
     )
     return [(r[0], r[1]) for r in rows]
+
+
+async def ack_pull_many(
+    hot: HotPath, items: Sequence[tuple[int, str]], owner_user: str
+) -> set[str]:
+    """Delete pulled in-flight rows of ``owner_user`` by (id, tag); returns the tags deleted."""
+    if not items:
+        return set()
+    rows = await hot.fetch(
+        _ACK_PULL_MANY,
+        {"ids": [i[0] for i in items], "tags": [i[1] for i in items], "owner_user": owner_user},
+    )
+    return {r[0] for r in rows}
 
 
 async def ack_pull(hot: HotPath, *, id: int, tag: str, owner_user: str) -> int | None:

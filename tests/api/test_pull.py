@@ -308,6 +308,8 @@ def test_a_websocket_delivery_cannot_be_settled_over_http(
         d = ws.delivery()
         assert_problem(adm.post(f"/deliveries/{d['delivery_tag']}/ack"), 404, "not_found")
         assert_problem(adm.post(f"/deliveries/{d['delivery_tag']}/nack"), 404, "not_found")
+        r = adm.post("/deliveries/ack", json={"delivery_tags": [d["delivery_tag"]]})
+        assert r.json() == {"acked": [], "unknown": [d["delivery_tag"]]}
         assert [x["status"] for x in browse(adm, q)] == ["in_flight"]
         assert ws.ack(d["delivery_tag"])["type"] == "ACKED"
 
@@ -325,6 +327,63 @@ def test_a_pull_delivery_cannot_be_settled_over_websocket(
     # closing that socket released nothing: pull deliveries wait for their ack timeout
     assert [x["status"] for x in browse(adm, q)] == ["in_flight"]
     assert adm.post(f"/deliveries/{m['delivery_tag']}/ack").status_code == 204
+
+
+# -- POST /deliveries/ack: several at once (a MessageX addition, docs/decisions.md) ------
+
+
+def test_ack_of_several_deletes_each_and_names_the_unknown(
+    srv: LiveServer, adm: httpx.Client, q: str
+) -> None:
+    for i in range(4):
+        publish(adm, q, i)
+    mine = [m["delivery_tag"] for m in get(adm, q, max_messages=3)]
+    name = fresh("u")
+    make_user(adm, name, PASSWORD, read=".*")
+    with client(srv.base_url, auth=(name, PASSWORD)) as user:
+        [theirs] = [m["delivery_tag"] for m in get(user, q)]
+        # another user's tag, a tag given twice, a garbage tag
+        tags = [mine[0], theirs, mine[1], mine[0], "garbage", mine[2]]
+        r = adm.post("/deliveries/ack", json={"delivery_tags": tags})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"acked": mine, "unknown": [theirs, mine[0], "garbage"]}
+        assert [m["status"] for m in browse(adm, q)] == ["in_flight"]  # only theirs is left
+        r = adm.post("/deliveries/ack", json={"delivery_tags": mine})
+        assert r.json() == {"acked": [], "unknown": mine}
+        r = user.post("/deliveries/ack", json={"delivery_tags": [theirs]})
+        assert r.json() == {"acked": [theirs], "unknown": []}
+    assert browse(adm, q) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"delivery_tags": []},
+        {"delivery_tags": ["t"] * 1001},
+        {"delivery_tags": ["ok", ""]},
+        {"delivery_tags": ["ok", 5]},
+        {"delivery_tags": ["x" * 129]},
+        {"delivery_tags": "t"},
+        {"delivery_tags": ["t"], "requeue": True},
+    ],
+    ids=["missing", "empty", "1001", "empty-tag", "number", "long", "string", "extra"],
+)
+def test_ack_of_several_validation(adm: httpx.Client, q: str, body: dict[str, Any]) -> None:
+    publish(adm, q, 1)
+    [m] = get(adm, q)
+    if body.get("delivery_tags") == ["t"]:
+        body = {**body, "delivery_tags": [m["delivery_tag"]]}
+    assert_problem(adm.post("/deliveries/ack", json=body), 422, "validation_error")
+    assert [x["status"] for x in browse(adm, q)] == ["in_flight"]
+    r = adm.post("/deliveries/ack", json={"delivery_tags": [m["delivery_tag"]] * 1000})
+    assert r.json()["acked"] == [m["delivery_tag"]]
+    assert len(r.json()["unknown"]) == 999
+
+
+def test_ack_of_several_needs_credentials(srv: LiveServer) -> None:
+    r = httpx.post(f"{srv.base_url}/api/v1/deliveries/ack", json={"delivery_tags": ["t"]})
+    assert_problem(r, 401, "unauthorized")
 
 
 def test_nack_without_body_requeues(adm: httpx.Client, q: str) -> None:

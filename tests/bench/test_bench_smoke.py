@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 THROUGHPUT_GROUPS = ("ceiling", "messagex", "groupcommit")
 #: ceiling 3 batches x 2 connection counts; MessageX 2 publish modes x 3 prefetches x (ws, pull);
 #: single publishes from many clients with group commit on and off
-EXPECTED_COUNTS = {"ceiling": 6, "messagex": 14, "groupcommit": 2}
+EXPECTED_COUNTS = {"ceiling": 6, "messagex": 16, "groupcommit": 2}
 
 
 def run_smoke(out: Path) -> tuple[int, str, str]:

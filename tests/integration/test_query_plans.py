@@ -129,19 +129,19 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_batched_ack_finds_its_rows_by_primary_key(
+async def test_batched_acks_find_their_rows_by_primary_key(
     conn: asyncpg.Connection, mode: str
 ) -> None:
     rows = await _in_flight(conn, 50)
-    params = {
-        "ids": [r[0] for r in rows],
-        "tags": [r[1] for r in rows],
-        "owners": [r[2] for r in rows],
-    }
-    nodes = await _plan(conn, deliveries._ACK_MANY, params, mode)
-    scans = _scans(nodes)
-    assert scans, nodes
-    assert all(n.get("Index Name") == "pk_messages" for n in scans), scans
+    ids, tags = [r[0] for r in rows], [r[1] for r in rows]
+    for statement, params in (
+        (deliveries._ACK_MANY, {"ids": ids, "tags": tags, "owners": [r[2] for r in rows]}),
+        (deliveries._ACK_PULL_MANY, {"ids": ids, "tags": tags, "owner_user": "u"}),
+    ):
+        nodes = await _plan(conn, statement, params, mode)
+        scans = _scans(nodes)
+        assert scans, nodes
+        assert all(n.get("Index Name") == "pk_messages" for n in scans), scans
 
 
 @pytest.mark.parametrize("mode", MODES)

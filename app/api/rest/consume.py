@@ -11,8 +11,15 @@ from app.api.codec import render
 from app.api.deliveries import delivery_fields
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
-from app.api.schemas.common import Name
-from app.api.schemas.consume import GetRequest, GetResponse, NackRequest, NackResponse
+from app.api.schemas.common import MAX_TAG, Name
+from app.api.schemas.consume import (
+    AckManyRequest,
+    AckManyResponse,
+    GetRequest,
+    GetResponse,
+    NackRequest,
+    NackResponse,
+)
 from app.broker.services import Services
 from app.domain.model import User
 from app.errors import NotFound, UnknownDeliveryTag
@@ -22,8 +29,6 @@ router = APIRouter(tags=["consume"])
 #: REST speaks the contract's §2 codes: a missing delivery is 404 `not_found`
 #: (`unknown_delivery_tag` is the WebSocket ERROR code).
 _NO_DELIVERY = "no in-flight delivery with that tag belongs to you"
-#: the longest delivery tag a path may carry (a longer one is 422)
-MAX_TAG = 128
 
 
 @router.post(
@@ -69,6 +74,33 @@ async def ack_delivery(
     return Response(status_code=204)
 
 
+@router.post(
+    "/deliveries/ack",
+    name="ack_deliveries",
+    summary="Acknowledge several pulled deliveries at once, each as if acked alone",
+    description=(
+        "Deletes the messages of the given tags that are in-flight deliveries of yours, in one "
+        "statement, and lists the others under `unknown` (nothing changed for them: settled, "
+        "timed out, another user's, delivered over a WebSocket or not a tag). A tag given "
+        "twice is acknowledged once."
+    ),
+    response_model=AckManyResponse,
+    responses=problem_responses(400, 401, 422, 429, 503),
+)
+async def ack_deliveries(
+    request: AckManyRequest, services: ServicesDep, user: UserDep
+) -> AckManyResponse:
+    acked = await services.delivery.pull_ack_many(user, request.delivery_tags)
+    # acked is the request's order, first occurrences only: the rest is unknown
+    unknown, next_acked = [], 0
+    for tag in request.delivery_tags:
+        if next_acked < len(acked) and acked[next_acked] == tag:
+            next_acked += 1
+        else:
+            unknown.append(tag)
+    return AckManyResponse(acked=acked, unknown=unknown)
+
+
 async def ack_pulled(services: Services, user: User, delivery_tag: str) -> None:
     """ACK a pulled delivery (this route, and app.api.edge that answers it first)."""
     try:
@@ -85,7 +117,7 @@ async def ack_pulled(services: Services, user: User, delivery_tag: str) -> None:
     responses=problem_responses(400, 401, 404, 422, 429, 503),
 )
 async def nack_delivery(
-    delivery_tag: Annotated[str, Path(max_length=128)],
+    delivery_tag: Annotated[str, Path(max_length=MAX_TAG)],
     services: ServicesDep,
     user: UserDep,
     request: Annotated[NackRequest | None, Body()] = None,

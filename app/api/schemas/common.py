@@ -12,6 +12,11 @@ T = TypeVar("T")
 
 #: A name of an exchange, queue or user (contract §1).
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=255)]
+#: the longest delivery tag a request may carry (ours are at most 52 characters)
+MAX_TAG = 128
+DeliveryTag = Annotated[str, Field(min_length=1, max_length=MAX_TAG)]
+#: at most this many tags in one acknowledgement of several (prefetch is at most 1000 too)
+MAX_ACK_TAGS = 1000
 JsonObject = dict[str, Any]
 
 

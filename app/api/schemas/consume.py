@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
-from app.api.schemas.common import StrictModel
+from app.api.schemas.common import MAX_ACK_TAGS, DeliveryTag, StrictModel
 
 
 class GetRequest(StrictModel):
@@ -47,3 +47,19 @@ class NackRequest(StrictModel):
 
 class NackResponse(BaseModel):
     outcome: str = Field(description="requeued, dead_lettered, dead or discarded")
+
+
+class AckManyRequest(StrictModel):
+    delivery_tags: Annotated[
+        list[DeliveryTag],
+        Field(min_length=1, max_length=MAX_ACK_TAGS, description="Tags from `get` (1 to 1000)"),
+    ]
+
+
+class AckManyResponse(BaseModel):
+    acked: list[str] = Field(
+        description="Acknowledged, in request order: their messages are deleted"
+    )
+    unknown: list[str] = Field(
+        description="Not in-flight deliveries of yours (or given twice): nothing changed for them"
+    )

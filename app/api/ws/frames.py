@@ -7,15 +7,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
 
 from app import jsonexact
-from app.api.schemas.common import Name, StrictModel
+from app.api.schemas.common import MAX_ACK_TAGS, MAX_TAG, DeliveryTag, Name, StrictModel
 from app.api.schemas.messages import PublishBody
 from app.errors import BadFrame
 
 FrameId = Annotated[str, Field(max_length=64)] | StrictInt
-_TAG_MAX = 128
-#: at most this many tags in one ACK frame (prefetch is at most 1000 too)
-MAX_ACK_TAGS = 1000
-DeliveryTag = Annotated[str, Field(min_length=1, max_length=_TAG_MAX)]
 
 
 class _Frame(StrictModel):
@@ -119,7 +115,7 @@ _ACK_MANY_KEYS = frozenset(("type", "delivery_tags", "id"))
 
 
 def _is_tag(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= _TAG_MAX
+    return type(value) is str and 0 < len(value) <= MAX_TAG
 
 
 def _plain_ack(raw: dict[str, Any], frame_id: str | int | None) -> AckFrame | None:
