@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
 
 from app import jsonexact
-from app.api.schemas.common import MAX_ACK_TAGS, MAX_TAG, DeliveryTag, Name, StrictModel
+from app.api.schemas.common import MAX_ACK_TAGS, DeliveryTag, Name, StrictModel
 from app.api.schemas.messages import PublishBody
 from app.errors import BadFrame
 
@@ -110,34 +110,6 @@ def frame_id_of(raw: Any) -> str | int | None:
     return None
 
 
-_ACK_ONE_KEYS = frozenset(("type", "delivery_tag", "id"))
-_ACK_MANY_KEYS = frozenset(("type", "delivery_tags", "id"))
-
-
-def _is_tag(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_TAG
-
-
-def _plain_ack(raw: dict[str, Any], frame_id: str | int | None) -> AckFrame | None:
-    """The frame a busy consumer sends per message (or per batch), when it is exactly what
-    ``AckFrame`` accepts without coercion, so the TypeAdapter would give the same frame:
-    built without running it. Anything else returns None and goes through the TypeAdapter."""
-    if raw.get("type") != "ACK" or (frame_id is None and raw.get("id") is not None):
-        return None
-    keys = raw.keys()
-    if keys <= _ACK_ONE_KEYS:
-        tag = raw.get("delivery_tag")
-        if _is_tag(tag):
-            return AckFrame.model_construct(type="ACK", delivery_tag=tag, id=frame_id)
-    elif keys <= _ACK_MANY_KEYS:
-        tags = raw.get("delivery_tags")
-        if type(tags) is list and 0 < len(tags) <= MAX_ACK_TAGS and all(map(_is_tag, tags)):
-            return AckFrame.model_construct(
-                type="ACK", delivery_tag=None, delivery_tags=tags, id=frame_id
-            )
-    return None
-
-
 def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
     """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one)."""
     try:
@@ -148,9 +120,6 @@ def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
     frame_id = frame_id_of(raw)
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise BadFrame("a frame is a JSON object with a string 'type'", frame_id=frame_id)
-    ack = _plain_ack(raw, frame_id)
-    if ack is not None:
-        return ack, frame_id
     try:
         return FRAME.validate_python(raw), frame_id
     except ValidationError as exc:
