@@ -334,8 +334,8 @@ class DeliveryEngine:
     async def pull_ack(self, user: User, tag: str) -> None:
         await self.settlement.ack_pull(user.username, tag)
 
-    async def pull_ack_many(self, user: User, tags: Sequence[str]) -> list[str]:
-        """ACK several pulled deliveries of ``user``; returns those acknowledged."""
+    async def pull_ack_many(self, user: User, tags: Sequence[str]) -> tuple[list[str], list[str]]:
+        """ACK several pulled deliveries of ``user``; returns (acknowledged, unknown)."""
         return await self.settlement.ack_pull_many(user.username, tags)
 
     async def pull_nack(self, user: User, tag: str, requeue: bool) -> Outcome:

@@ -128,20 +128,26 @@ class Settlement:
         self.metrics.acked.inc()
         return queue_id
 
-    async def ack_pull_many(self, owner_user: str, tags: Sequence[str]) -> list[str]:
-        """ACK several pulled deliveries in one statement, each as if acked alone; returns
-        the tags that were acknowledged (a tag given twice is acknowledged once)."""
+    async def ack_pull_many(
+        self, owner_user: str, tags: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        """ACK several pulled deliveries in one statement, each as if acked alone. Returns
+        (acknowledged, unknown), both in request order; a tag given twice is acknowledged
+        once and unknown the second time."""
         items = [(message_id, tag) for tag in tags if (message_id := parse_tag(tag)) is not None]
         deleted = await deliveries.ack_pull_many(self.db.hot, items, owner_user)
         if items:
             self.metrics.ack_statements.inc()
-        self.metrics.acked.inc(len(deleted))
-        acked = []
+            self.metrics.acked.inc(len(deleted))
+        acked: list[str] = []
+        unknown: list[str] = []
         for tag in tags:
             if tag in deleted:
                 deleted.discard(tag)
                 acked.append(tag)
-        return acked
+            else:
+                unknown.append(tag)
+        return acked, unknown
 
     # -- NACK -----------------------------------------------------------------------------
 

@@ -90,14 +90,7 @@ async def ack_delivery(
 async def ack_deliveries(
     request: AckManyRequest, services: ServicesDep, user: UserDep
 ) -> AckManyResponse:
-    acked = await services.delivery.pull_ack_many(user, request.delivery_tags)
-    # acked is the request's order, first occurrences only: the rest is unknown
-    unknown, next_acked = [], 0
-    for tag in request.delivery_tags:
-        if next_acked < len(acked) and acked[next_acked] == tag:
-            next_acked += 1
-        else:
-            unknown.append(tag)
+    acked, unknown = await services.delivery.pull_ack_many(user, request.delivery_tags)
     return AckManyResponse(acked=acked, unknown=unknown)
 
 
