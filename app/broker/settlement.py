@@ -115,18 +115,11 @@ class Settlement:
         finally:
             self._flushing = False
 
-    async def ack_pull(self, owner_user: str, tag: str) -> int:
-        message_id = parse_tag(tag)
-        if message_id is None:
+    async def ack_pull(self, owner_user: str, tag: str) -> None:
+        """ACK one pulled delivery. Raises UnknownDeliveryTag."""
+        acked, _ = await self.ack_pull_many(owner_user, [tag])
+        if not acked:
             raise UnknownDeliveryTag()
-        queue_id = await deliveries.ack_pull(
-            self.db.hot, id=message_id, tag=tag, owner_user=owner_user
-        )
-        self.metrics.ack_statements.inc()
-        if queue_id is None:
-            raise UnknownDeliveryTag()
-        self.metrics.acked.inc()
-        return queue_id
 
     async def ack_pull_many(
         self, owner_user: str, tags: Sequence[str]

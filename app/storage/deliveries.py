@@ -122,17 +122,8 @@ WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
 RETURNING m.id, m.queue_id
 """)
 
-# A pull delivery belongs to the user that got it and to no connection.
-ACK_PULL = text("""
-DELETE FROM messages
-WHERE id = :id AND delivery_tag = :tag
-  AND owner_connection IS NULL AND owner_user = :owner_user
-RETURNING queue_id
-""")
-
-
-# Several pulled deliveries of one user at once (POST /deliveries/ack): each row as ACK_PULL
-# would find it, by primary key.
+# Pulled deliveries of one user (POST /deliveries/{tag}/ack and POST /deliveries/ack): a pull
+# delivery belongs to the user that got it and to no connection; rows by primary key.
 ACK_PULL_MANY = text("""
 DELETE FROM messages AS m
 USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[])) AS a(id, tag)
@@ -143,7 +134,6 @@ RETURNING m.delivery_tag
 
 
 _ACK_MANY = Statement(ACK_MANY)
-_ACK_PULL = Statement(ACK_PULL)
 _ACK_PULL_MANY = Statement(ACK_PULL_MANY)
 
 
@@ -173,11 +163,6 @@ async def ack_pull_many(
         {"ids": [i[0] for i in items], "tags": [i[1] for i in items], "owner_user": owner_user},
     )
     return {r[0] for r in rows}
-
-
-async def ack_pull(hot: HotPath, *, id: int, tag: str, owner_user: str) -> int | None:
-    value = await hot.fetchval(_ACK_PULL, {"id": id, "tag": tag, "owner_user": owner_user})
-    return None if value is None else int(value)
 
 
 # -- lock rows for the retry path -----------------------------------------------------------

@@ -150,7 +150,7 @@ async def test_a_pull_ack_and_a_nack_find_their_row_by_primary_key(
 ) -> None:
     [row] = await _in_flight(conn, 1)
     for statement, params in (
-        (deliveries._ACK_PULL, {"id": row[0], "tag": row[1], "owner_user": "u"}),
+        (deliveries._ACK_PULL_MANY, {"ids": [row[0]], "tags": [row[1]], "owner_user": "u"}),
         (
             Statement(deliveries.LOCK_BY_TAG),
             {"id": row[0], "tag": row[1], "owner_connection": None, "owner_user": "u"},
