@@ -453,14 +453,17 @@ class DeliveryEngine:
     async def _reconcile(self, owners: Sequence[str]) -> None:
         """Drop local unsettled tags that are no longer in flight (timed out, released,
         deleted), so their prefetch slots free up."""
+        # Only tags held before the query can be judged by it: a claim that hands out while
+        # it runs committed after its snapshot, and its tags must keep their slots.
+        held = [(sub, set(sub.unsettled)) for o in owners for sub in self.registry.of_connection(o)]
         async with self.db.transaction() as conn:
             live = await deliveries.still_in_flight(conn, owners)
-        for owner in owners:
-            for sub in self.registry.of_connection(owner):
-                gone = {t for t in sub.unsettled if (owner, t) not in live}
-                if gone:
-                    sub.unsettled -= gone
-                    self.hub.wake([sub.queue_id])
+        for sub, tags in held:
+            owner = sub.outlet.id
+            gone = {t for t in tags if (owner, t) not in live} & sub.unsettled
+            if gone:
+                sub.unsettled -= gone
+                self.hub.wake([sub.queue_id])
 
     async def _check_liveness(self) -> None:
         digests = dict(self._token_digests)

@@ -214,6 +214,40 @@ def test_ack_returns_the_prefetch_slot_before_its_delete_commits(
         assert [m["body"] for m in browse(adm, q)] == ["second"]
 
 
+def test_reconciliation_keeps_the_slots_of_deliveries_handed_out_while_it_queries(
+    url: str, adm: httpx.Client, q: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 1 s reconciliation drops local tags the database no longer has in flight. A claim
+    that hands out while its query runs committed after the query's snapshot: its tags must
+    not be taken for settled, or the consumer would get more than its prefetch."""
+    from app.storage import deliveries
+
+    real = deliveries.still_in_flight
+    queried, proceed = threading.Event(), threading.Event()
+
+    async def paused(conn: Any, owners: Any) -> set[tuple[str, str]]:
+        live = await real(conn, owners)
+        if not queried.is_set():
+            queried.set()
+            await asyncio.get_running_loop().run_in_executor(None, proceed.wait, 10)
+        return live
+
+    publish(adm, q, "first")
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 2)
+        assert ws.delivery()["body"] == "first"
+        monkeypatch.setattr(deliveries, "still_in_flight", paused)
+        try:
+            assert queried.wait(5), "no reconciliation ran"
+            publish(adm, q, "second")  # claimed and handed out while the query is paused
+            assert ws.delivery()["body"] == "second"
+        finally:
+            proceed.set()
+        publish(adm, q, "third")
+        assert ws.quiet(1.5) == []  # prefetch 2 holds: "third" waits for an ACK
+        assert stats(adm, q)["in_flight"] == 2
+
+
 def test_delivery_under_a_server_without_the_send_many_extension(database_url: str) -> None:
     """Our server writes a burst of deliveries in one send (app/server.py, SEND_MANY); under
     any other ASGI server the connection sends them one ``websocket.send`` each."""
