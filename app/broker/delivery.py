@@ -227,11 +227,12 @@ class DeliveryEngine:
         self,
         outlet: Outlet,
         tags: Sequence[str],
-        done: Callable[[list[str], BaseException | None], None],
+        done: Callable[[list[bool], BaseException | None], None],
     ) -> asyncio.Future[list[int | None]]:
-        """ACK ``tags`` (each as if acked alone) without a task: ``done(unknown, None)`` once
-        settled, ``unknown`` listing the tags that were not live deliveries of this
-        connection; or ``done(tags, error)`` (Unavailable, ...). Returns what to wait for.
+        """ACK ``tags`` (each as if acked alone) without a task: ``done(known, None)`` once
+        settled, ``known[i]`` telling whether ``tags[i]`` was a live delivery of this
+        connection (a tag given twice is known once); or ``done([], error)`` (Unavailable,
+        ...). Returns what to wait for.
 
         The prefetch slot returns when the ACK arrives, not when its DELETE commits (as in
         RabbitMQ): the next claim runs while the batched DELETE does, instead of after it.
@@ -259,7 +260,7 @@ class DeliveryEngine:
                 for tag, sub in held:
                     if sub.active:
                         sub.unsettled.add(tag)
-                done(list(tags), exc)
+                done([], exc)
                 return
             results = list(zip(tags, f.result(), strict=True))
             if len(held) < len(tags):
@@ -268,7 +269,7 @@ class DeliveryEngine:
                 for tag, queue_id in results:
                     if queue_id is not None and tag not in mine:
                         self._free_credit(outlet.id, tag, queue_id)
-            done([tag for tag, queue_id in results if queue_id is None], None)
+            done([queue_id is not None for _, queue_id in results], None)
 
         future.add_done_callback(settled)
         return future

@@ -526,6 +526,59 @@ def test_ack_of_several_tags_names_only_the_unknown_ones(
     assert browse(adm, q) == []
 
 
+def test_a_burst_of_ack_frames_is_answered_frame_by_frame(
+    url: str, adm: httpx.Client, q: str
+) -> None:
+    """ACK frames read together settle together (api/ws/connection.py, _flush_acks), and
+    each is still answered as if it had come alone, in order with the frames around it."""
+    for i in range(5):
+        publish(adm, q, i)
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 4)
+        d = [x["delivery_tag"] for x in ws.deliveries_n(4)]
+        ws.burst(
+            [
+                {"type": "ACK", "delivery_tag": d[0], "id": "a"},
+                {"type": "ACK", "delivery_tag": d[0], "id": "twice"},
+                {"type": "ACK", "delivery_tag": "9.nope", "id": "bogus"},
+                {"type": "ACK", "delivery_tag": d[1]},
+                {"type": "ACK", "delivery_tags": [d[2], d[2], "junk"], "id": "many"},
+                {"type": "PING", "id": "p"},
+                {"type": "ACK", "delivery_tag": d[3], "id": "last"},
+            ]
+        )
+        by_id: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + 5
+        while len(by_id) < 6:  # ws.expect takes one type at a time; these come in any order
+            frame = ws.recv_json(deadline - time.monotonic())
+            if frame["type"] == "MESSAGE_DELIVERED":
+                ws.deliveries.append(frame)
+            else:
+                by_id[frame["id"]] = frame
+        assert {k: f["type"] for k, f in by_id.items()} == {
+            "a": "ACKED",
+            "twice": "ERROR",
+            "bogus": "ERROR",
+            "many": "ERROR",
+            "p": "PONG",
+            "last": "ACKED",
+        }
+        assert by_id["a"]["delivery_tag"] == d[0]
+        assert by_id["last"]["delivery_tag"] == d[3]
+        assert (by_id["twice"]["code"], by_id["twice"]["delivery_tag"]) == (
+            "unknown_delivery_tag",
+            d[0],
+        )
+        assert by_id["bogus"]["delivery_tag"] == "9.nope"
+        assert (by_id["many"]["code"], by_id["many"]["delivery_tags"]) == (
+            "unknown_delivery_tag",
+            [d[2], "junk"],
+        )
+        assert ws.delivery()["body"] == 4  # every slot came back
+        assert ws.quiet(0.3) == []
+        assert [m["body"] for m in browse(adm, q)] == [4]
+
+
 @pytest.mark.parametrize(
     "frame",
     [

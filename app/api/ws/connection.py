@@ -110,6 +110,7 @@ class WsConnection:
         self._bad_frames: deque[float] = deque()
         self._ops: set[asyncio.Future[Any]] = set()
         self._ops_room = asyncio.Event()  # set when an op finished (room for another)
+        self._acks: list[tuple[frames.AckFrame, str | int | None]] = []  # read, not yet settling
         self.client = ws.client.host if ws.client else None
 
     # -- Outlet (what the broker calls) -----------------------------------------------------
@@ -207,6 +208,7 @@ class WsConnection:
             await asyncio.gather(reader, sender, return_exceptions=True)
             # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
             # just before closing must not become a redelivery); bounded, then cancelled.
+            self._flush_acks()
             if self._ops:
                 await asyncio.wait(set(self._ops), timeout=OPS_GRACE_SECONDS)
             for op in list(self._ops):
@@ -323,6 +325,12 @@ class WsConnection:
         await self._handle(frame, frame_id)
 
     async def _handle(self, frame: frames.Frame, frame_id: str | int | None) -> None:
+        if isinstance(frame, frames.AckFrame):
+            if len(self._ops) >= MAX_INFLIGHT_OPS:
+                await self._wait_for_room()
+            self._queue_ack(frame, frame_id)
+            return
+        self._flush_acks()
         if isinstance(frame, frames.PingFrame):
             self.reply(frame_id, {"type": "PONG"})
         elif isinstance(frame, frames.AuthFrame):
@@ -331,18 +339,46 @@ class WsConnection:
             await self._guarded(self._subscribe(frame, frame_id), frame_id)
         elif isinstance(frame, frames.UnsubscribeFrame):
             await self._guarded(self._unsubscribe(frame, frame_id), frame_id)
-        else:  # ACK, NACK, PUBLISH: run concurrently, at most MAX_INFLIGHT_OPS at once
+        else:  # NACK, PUBLISH: run concurrently, at most MAX_INFLIGHT_OPS at once
             if len(self._ops) >= MAX_INFLIGHT_OPS:
                 await self._wait_for_room()
-            op: asyncio.Future[Any]
-            if isinstance(frame, frames.AckFrame):
-                # The frame a busy consumer sends per message: settled through a callback on
-                # the batched ack's future, not a task per frame.
-                op = self.engine.ack_soon(self, frame.tags, partial(self._acked, frame, frame_id))
+            self._track(asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id)))
+
+    def _track(self, op: asyncio.Future[Any]) -> None:
+        self._ops.add(op)
+        op.add_done_callback(self._op_done)
+
+    def _queue_ack(self, frame: frames.AckFrame, frame_id: str | int | None) -> None:
+        """The frame a busy consumer sends per message. The ACK frames read in one turn of the
+        event loop (a burst from one socket read) are settled together, by one call of the
+        engine and a callback on the batched ack's future: no task, future and callbacks per
+        frame. Any other frame flushes them first, so frames still take effect in order."""
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.append((frame, frame_id))
+
+    def _flush_acks(self) -> None:
+        batch, self._acks = self._acks, []
+        if not batch:
+            return
+        tags = [tag for frame, _ in batch for tag in frame.tags]
+        self._track(self.engine.ack_soon(self, tags, partial(self._acked_batch, batch)))
+
+    def _acked_batch(
+        self,
+        batch: list[tuple[frames.AckFrame, str | int | None]],
+        known: list[bool],
+        exc: BaseException | None,
+    ) -> None:
+        start = 0
+        for frame, frame_id in batch:
+            end = start + len(frame.tags)
+            if exc is not None:
+                self._acked(frame, frame_id, list(frame.tags), exc)
             else:
-                op = asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id))
-            self._ops.add(op)
-            op.add_done_callback(self._op_done)
+                unknown = [t for t, k in zip(frame.tags, known[start:end], strict=True) if not k]
+                self._acked(frame, frame_id, unknown, None)
+            start = end
 
     async def _wait_for_room(self) -> None:
         """Backpressure: stop reading frames while MAX_INFLIGHT_OPS are unsettled (a plain
