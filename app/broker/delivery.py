@@ -227,11 +227,11 @@ class DeliveryEngine:
         self,
         outlet: Outlet,
         tags: Sequence[str],
-        done: Callable[[list[bool], BaseException | None], None],
+        done: Callable[[list[int | None], BaseException | None], None],
     ) -> asyncio.Future[list[int | None]]:
-        """ACK ``tags`` (each as if acked alone) without a task: ``done(known, None)`` once
-        settled, ``known[i]`` telling whether ``tags[i]`` was a live delivery of this
-        connection (a tag given twice is known once); or ``done([], error)`` (Unavailable,
+        """ACK ``tags`` (each as if acked alone) without a task: ``done(queue_ids, None)``
+        once settled, ``queue_ids[i]`` None where ``tags[i]`` was not a live delivery of this
+        connection (a tag given twice is acked once); or ``done([], error)`` (Unavailable,
         ...). Returns what to wait for.
 
         The prefetch slot returns when the ACK arrives, not when its DELETE commits (as in
@@ -262,14 +262,14 @@ class DeliveryEngine:
                         sub.unsettled.add(tag)
                 done([], exc)
                 return
-            results = list(zip(tags, f.result(), strict=True))
+            queue_ids = f.result()
             if len(held) < len(tags):
                 # acked but not held when it arrived: a SUBSCRIBE since may hold it now
                 mine = {tag for tag, _ in held}
-                for tag, queue_id in results:
+                for tag, queue_id in zip(tags, queue_ids, strict=True):
                     if queue_id is not None and tag not in mine:
                         self._free_credit(outlet.id, tag, queue_id)
-            done([queue_id is not None for _, queue_id in results], None)
+            done(queue_ids, None)
 
         future.add_done_callback(settled)
         return future

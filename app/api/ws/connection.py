@@ -367,16 +367,22 @@ class WsConnection:
     def _acked_batch(
         self,
         batch: list[tuple[frames.AckFrame, str | int | None]],
-        known: list[bool],
+        queue_ids: list[int | None],
         exc: BaseException | None,
     ) -> None:
+        if exc is None and None not in queue_ids:  # the busy consumer's case: all settled
+            for frame, frame_id in batch:
+                if frame_id is not None:
+                    self._acked(frame, frame_id, [], None)
+            return
         start = 0
         for frame, frame_id in batch:
             end = start + len(frame.tags)
             if exc is not None:
                 self._acked(frame, frame_id, list(frame.tags), exc)
             else:
-                unknown = [t for t, k in zip(frame.tags, known[start:end], strict=True) if not k]
+                found = queue_ids[start:end]
+                unknown = [t for t, q in zip(frame.tags, found, strict=True) if q is None]
                 self._acked(frame, frame_id, unknown, None)
             start = end
 
