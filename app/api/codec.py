@@ -191,12 +191,21 @@ def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[st
     return {"body_base64": binascii.b2a_base64(body, newline=False).decode("ascii")}
 
 
+#: the last moment rendered and its text: the rows of one publish share their created_at (the
+#: transaction's now()), and a claim hands out runs of them
+_last_rendered: list[tuple[datetime, str]] = [(datetime.min.replace(tzinfo=UTC), "")]
+
+
 def rfc3339(moment: datetime) -> str:
     """RFC 3339 in UTC with microseconds: ``2026-01-31T12:00:00.000000Z``."""
-    if moment.tzinfo is not UTC:
-        moment = moment.astimezone(UTC)
+    last = _last_rendered[0]
+    if moment == last[0]:
+        return last[1]
+    utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
     # isoformat ends "+00:00" for UTC; a fifth of strftime's cost (once per delivery)
-    return moment.isoformat(timespec="microseconds")[:-6] + "Z"
+    text = utc.isoformat(timespec="microseconds")[:-6] + "Z"
+    _last_rendered[0] = (moment, text)
+    return text
 
 
 class MessageLike(Protocol):

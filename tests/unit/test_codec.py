@@ -162,6 +162,18 @@ def test_rfc3339_is_utc_with_microseconds() -> None:
     )
 
 
+def test_rfc3339_remembers_only_what_it_may() -> None:
+    """The one-entry memo (rows of one publish share created_at) never answers for another
+    moment; an equal instant in another zone is the same UTC text."""
+    a = datetime(2026, 1, 2, 3, 0, 0, 1, tzinfo=UTC)
+    b = datetime(2026, 1, 2, 3, 0, 0, 2, tzinfo=UTC)
+    for moment, text in [(a, "01"), (a, "01"), (b, "02"), (a, "01"), (b, "02"), (b, "02")]:
+        assert codec.rfc3339(moment) == f"2026-01-02T03:00:00.0000{text}Z"
+    same_as_b = b.astimezone(timezone(timedelta(hours=-7)))
+    assert codec.rfc3339(same_as_b) == "2026-01-02T03:00:00.000002Z"
+    assert codec.rfc3339(same_as_b.replace(microsecond=3)) == "2026-01-02T03:00:00.000003Z"
+
+
 def test_browse_item_shape() -> None:
     item = codec.browse_item(stored(b'{"a":1}', False))
     assert item == {
