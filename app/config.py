@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     argon2_parallelism: Annotated[int, Field(ge=1, le=64)] = 4
     #: verified Basic credentials are cached this long (contract: at most 5 s)
     auth_cache_seconds: Annotated[float, Field(ge=0, le=5)] = 5.0
+    #: permessage-deflate (RFC 7692) for WebSocket clients that offer it. Off by default, as in
+    #: RabbitMQ's Web STOMP and Web MQTT: it costs the broker about a quarter more CPU per
+    #: delivered message (docs/performance.md), and clients offer it by default.
+    ws_compression: bool = False
 
     @field_validator("database_url")
     @classmethod

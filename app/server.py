@@ -136,6 +136,7 @@ def server_config(
         http="auto",
         ws=BatchingWebSocketProtocol,
         ws_max_size=settings.ws_max_frame_bytes,
+        ws_per_message_deflate=settings.ws_compression,
         lifespan="on",
         timeout_graceful_shutdown=10,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import re
 import time
 import uuid
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from tests.support import (
     ADMIN_PASSWORD,
@@ -1034,3 +1036,28 @@ def test_allowed_origins_list_and_star(pg_cluster: PgCluster, template_db: str) 
                     assert ws.recv_json()["type"] == "CONNECTED", origin
     finally:
         pg_cluster.drop_database(name)
+
+
+# -- compression (MESSAGEX_WS_COMPRESSION, docs/decisions.md) ------------------------------
+
+
+def _offer_deflate(ws_url: str) -> tuple[str | None, dict[str, Any]]:
+    """Connect offering permessage-deflate, as browsers do; the extension the server agreed
+    to, and the reply to AUTH + PING."""
+    with ws_connect(ws_url, compression="deflate", open_timeout=10) as ws:
+        agreed = ws.response.headers.get("Sec-WebSocket-Extensions")
+        ws.send(json.dumps({"type": "AUTH", "username": ADMIN_USER, "password": ADMIN_PASSWORD}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "CONNECTED"
+        ws.send(json.dumps({"type": "PING", "id": "p"}))
+        return agreed, json.loads(ws.recv(timeout=5))
+
+
+def test_compression_is_declined_unless_configured(url: str, database_url: str) -> None:
+    agreed, reply = _offer_deflate(url)
+    assert agreed is None  # frames go uncompressed
+    assert reply == {"type": "PONG", "id": "p"}
+    with running_server(settings_for(database_url, ws_compression=True)) as live:
+        agreed, reply = _offer_deflate(live.ws_url)
+        assert agreed is not None
+        assert agreed.startswith("permessage-deflate")
+        assert reply == {"type": "PONG", "id": "p"}
