@@ -98,18 +98,17 @@ class Settlement:
                 batch, self._pending = self._pending, []
                 groups = {id(p[3]): p[3] for p in batch}
                 try:
-                    done = await deliveries.ack_many(self.db.hot, [p[:3] for p in batch])
+                    deleted = await deliveries.ack_many(self.db.hot, [p[:3] for p in batch])
                 except Exception as exc:
                     for group in groups.values():
                         if not group.future.done():
                             group.future.set_exception(exc)
                     continue
-                deleted = dict(done)
                 self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
-                for message_id, _, _, group, index in batch:
+                for _, tag, owner, group, index in batch:
                     # pop: the same tag twice in one batch is acked once, unknown the second time
-                    group.queue_ids[index] = deleted.pop(message_id, None)
+                    group.queue_ids[index] = deleted.pop((tag, owner), None)
                 for group in groups.values():
                     if not group.future.done():
                         group.future.set_result(group.queue_ids)

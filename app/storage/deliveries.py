@@ -119,7 +119,7 @@ DELETE FROM messages AS m
 USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[]), CAST(:owners AS uuid[]))
       AS a(id, tag, owner)
 WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
-RETURNING m.id, m.queue_id
+RETURNING m.delivery_tag, m.owner_connection::text, m.queue_id
 """)
 
 # Pulled deliveries of one user (POST /deliveries/{tag}/ack and POST /deliveries/ack): a pull
@@ -137,10 +137,14 @@ _ACK_MANY = Statement(ACK_MANY)
 _ACK_PULL_MANY = Statement(ACK_PULL_MANY)
 
 
-async def ack_many(hot: HotPath, items: Sequence[tuple[int, str, str]]) -> list[tuple[int, int]]:
-    """Delete in-flight rows by (id, tag, owner connection); returns (id, queue_id) deleted."""
+async def ack_many(
+    hot: HotPath, items: Sequence[tuple[int, str, str]]
+) -> dict[tuple[str, str], int]:
+    """Delete in-flight rows by (id, tag, owner connection); returns the queue id of each
+    (tag, owner connection) deleted. Keyed by tag, not id: two tags of one message (an earlier
+    delivery's and the live one) may be in one batch, and only the live one is acked."""
     if not items:
-        return []
+        return {}
     rows = await hot.fetch(
         _ACK_MANY,
         {
@@ -149,7 +153,7 @@ async def ack_many(hot: HotPath, items: Sequence[tuple[int, str, str]]) -> list[
             "owners": [i[2] for i in items],
         },
     )
-    return [(r[0], r[1]) for r in rows]
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 async def ack_pull_many(

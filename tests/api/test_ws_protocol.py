@@ -497,6 +497,24 @@ def test_ack_of_several_tags_settles_each_and_frees_their_slots(
         assert ws.quiet(0.3) == []
 
 
+def test_a_stale_tag_acked_with_the_live_one_is_the_unknown_one(
+    url: str, adm: httpx.Client, q: str
+) -> None:
+    """Two tags of one message (the tag of an earlier delivery, and the live one) in one
+    batched statement: the reply names the stale one, whichever comes first."""
+    publish(adm, q, "only")
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 1)
+        stale = ws.delivery()["delivery_tag"]
+        assert ws.nack(stale)["outcome"] == "requeued"
+        live = ws.delivery()["delivery_tag"]
+        err = _error(
+            ws.request({"type": "ACK", "delivery_tags": [stale, live]}), "unknown_delivery_tag"
+        )
+        assert err["delivery_tags"] == [stale]
+        assert browse(adm, q) == []
+
+
 def test_ack_of_several_tags_names_only_the_unknown_ones(
     url: str, adm: httpx.Client, q: str
 ) -> None:
