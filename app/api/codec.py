@@ -26,6 +26,7 @@ __all__ = [
     "ABSENT",
     "BodyError",
     "MessageLike",
+    "body_field",
     "body_fields",
     "browse_item",
     "check_json_object",
@@ -173,8 +174,8 @@ def encode_body(*, body: Any = ABSENT, body_base64: Any = ABSENT) -> tuple[bytes
 # ----------------------------------------------------------------------------- decoding
 
 
-def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[str, Any]:
-    """``{"body": <json>}`` or ``{"body_base64": "<b64>"}`` for stored bytes.
+def body_field(body: bytes, binary: bool, *, raw_json: bool = False) -> tuple[str, Any]:
+    """``("body", <json>)`` or ``("body_base64", "<b64>")`` for stored bytes.
 
     With ``raw_json`` the JSON body is an ``orjson.Fragment`` holding the stored bytes as they
     are (no parse, no re-serialization): only for output serialized with ``orjson.dumps``.
@@ -183,12 +184,17 @@ def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[st
     """
     if not binary:
         if raw_json:
-            return {"body": orjson.Fragment(body)}
+            return "body", orjson.Fragment(body)
         try:
-            return {"body": jsonexact.loads(body)}
+            return "body", jsonexact.loads(body)
         except ValueError:
             pass
-    return {"body_base64": binascii.b2a_base64(body, newline=False).decode("ascii")}
+    return "body_base64", binascii.b2a_base64(body, newline=False).decode("ascii")
+
+
+def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[str, Any]:
+    """``body_field`` as a one-key dict."""
+    return dict((body_field(body, binary, raw_json=raw_json),))
 
 
 #: the last moment rendered and its text: the rows of one publish share their created_at (the
