@@ -137,9 +137,13 @@ class Message:
         )
         return str(reply["outcome"])
 
+    def _stale(self) -> bool:
+        """It came on a connection that has closed since (its tag is worthless now)."""
+        return self._generation != self._client._generation or not self._client.connected
+
     async def _settle(self, frame: dict[str, Any]) -> dict[str, Any]:
         client = self._client
-        if self._generation != client._generation or not client.connected:
+        if self._stale():
             raise StaleDelivery(
                 "this delivery came on a connection that has closed; the broker redelivers it"
             )
@@ -405,7 +409,7 @@ class Client:
         ``delivery_tags``) instead of one round trip per message. Each is settled as if acked
         alone: when some could not be, :class:`UnknownDeliveryTag` is raised with their tags
         in ``error.frame["delivery_tags"]``, and the others are acked (``settled`` tells)."""
-        if any(m._generation != self._generation for m in messages) or not self.connected:
+        if not self.connected or any(m._stale() for m in messages):
             raise StaleDelivery(
                 "a delivery came on a connection that has closed; the broker redelivers it"
             )
