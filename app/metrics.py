@@ -34,6 +34,12 @@ class Metrics:
             ["via"],
             registry=r,
         )
+        self.handed_off = Counter(
+            "messagex_deliveries_handed_off",
+            "WebSocket deliveries stored in flight by their publish, with no claim (idle "
+            "subscribers with prefetch room and no message waiting); also in delivered",
+            registry=r,
+        )
         self.acked = Counter("messagex_messages_acked", "Deliveries acknowledged", registry=r)
         self.ack_statements = Counter(
             "messagex_ack_statements",

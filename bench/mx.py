@@ -307,6 +307,7 @@ _COUNTERS = (
     "messagex_claim_statements_total",
     "messagex_ack_statements_total",
     "messagex_messages_delivered_total",
+    "messagex_deliveries_handed_off_total",
     "messagex_messages_acked_total",
 )
 
@@ -328,8 +329,10 @@ async def _batching(s: Settings, before: dict[str, float] | None) -> dict[str, A
             "claims": d["messagex_claim_statements_total"],
             "acks": d["messagex_ack_statements_total"],
         },
+        "handed_off": d["messagex_deliveries_handed_off_total"],
         "deliveries_per_claim": _per(
-            d["messagex_messages_delivered_total"], d["messagex_claim_statements_total"]
+            d["messagex_messages_delivered_total"] - d["messagex_deliveries_handed_off_total"],
+            d["messagex_claim_statements_total"],
         ),
         "acks_per_statement": _per(
             d["messagex_messages_acked_total"], d["messagex_ack_statements_total"]
@@ -468,6 +471,7 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
 
     tasks: list[asyncio.Task[Any]] = []
     try:
+        before = await _counters_before(s)
         s.meters.start()
         started = now_ns()
         consumer = asyncio.create_task(s.mx.ws_consumer(ws, sink))
@@ -480,6 +484,7 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
         result.rate = None
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
         result.extra["publish_confirm_ms"] = latency_summary(confirms)
+        result.extra.update(await _batching(s, before))
         trend, growth = pace_check(sink.latencies_ns, interval)
         result.extra.update(trend)
         result.note = f"{note} {growth}".strip()

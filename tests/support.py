@@ -252,7 +252,7 @@ def client(base_url: str, token: str | None = None, **kwargs: Any) -> httpx.Clie
 def metric(text: str, name: str, **labels: str) -> float | None:
     """The value of one sample of a Prometheus text exposition, or None when absent."""
     for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name + "{"):
+        if line.startswith("#") or not line.startswith((name + "{", name + " ")):
             continue
         sample, _, value = line.rpartition(" ")
         found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', sample[len(name) :]))

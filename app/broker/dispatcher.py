@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 
 from app.broker.consumers import ConsumerRegistry, Subscription
 from app.broker.tasks import TaskOwner
@@ -18,6 +19,7 @@ from app.errors import Unavailable
 from app.metrics import Metrics
 from app.storage import deliveries
 from app.storage.database import Database
+from app.storage.messages import HandedOff
 
 log = logging.getLogger("messagex.dispatch")
 
@@ -108,6 +110,29 @@ class Dispatcher:
             if len(claimed) < len(order):
                 return await deliveries.seconds_until_due(self.db.hot, queue_id)
 
+    async def reserve(self, wanted: Mapping[int, int]) -> HandOff | None:
+        """Prefetch room for a publish's direct hand-off: for each queue of ``wanted`` (queue
+        id → copies) whose dispatcher is idle, who would get its next copies, in round-robin
+        order, as a claim would hand them out. Holds those queues' locks (so no claim, and no
+        unsubscribe or close, runs in between) until the HandOff is closed; None when no
+        queue has room. A busy queue is skipped, not waited for."""
+        orders: dict[int, list[Subscription]] = {}
+        locks: list[asyncio.Lock] = []
+        for queue_id, n in wanted.items():
+            lock = self._locks.get(queue_id)
+            if lock is None or lock.locked() or not self.registry.has_queue(queue_id):
+                continue
+            await lock.acquire()
+            locks.append(lock)
+            order = self.registry.round_robin(queue_id, min(n, MAX_CLAIM))
+            if order:
+                orders[queue_id] = order
+        if not orders:
+            for lock in locks:
+                lock.release()
+            return None
+        return HandOff(self, self.process_id, orders, locks)
+
     def _hand_out(
         self, queue_id: int, order: list[Subscription], claimed: list[deliveries.Claimed]
     ) -> None:
@@ -123,3 +148,61 @@ class Dispatcher:
         self.registry.advance(queue_id, len(claimed))
         if claimed:
             self.metrics.delivered.labels(via="websocket").inc(len(claimed))
+
+
+class HandOff:
+    """Prefetch room held for one publish write (``Dispatcher.reserve``): which copies may go
+    straight to a subscriber, and, once the write has committed, handing them out."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        process_id: str,
+        orders: dict[int, list[Subscription]],
+        locks: list[asyncio.Lock],
+    ) -> None:
+        self.process_id = process_id
+        self._dispatcher = dispatcher
+        self._orders = orders
+        self._locks = locks
+        self._slots: dict[int, tuple[int, int]] = {}  # copy index -> (queue id, slot)
+
+    def owners(
+        self, copies: Sequence[tuple[int, int]], eligible: Callable[[int], bool]
+    ) -> list[tuple[str, float] | None]:
+        """Per copy ``(message index, queue id)``: (connection, lease) to hand it to, or None.
+        Each reserved queue's first eligible copies take its slots in order."""
+        used = dict.fromkeys(self._orders, 0)
+        owners: list[tuple[str, float] | None] = []
+        for index, (message, queue_id) in enumerate(copies):
+            order = self._orders.get(queue_id)
+            slot = used.get(queue_id, 0)
+            if order is None or slot >= len(order) or not eligible(message):
+                owners.append(None)
+                continue
+            used[queue_id] = slot + 1
+            self._slots[index] = (queue_id, slot)
+            sub = order[slot]
+            owners.append((sub.outlet.id, sub.lease_seconds))
+        return owners
+
+    def deliver(
+        self,
+        handed: Sequence[HandedOff],
+        build: Callable[[HandedOff, int], deliveries.Claimed],
+    ) -> set[int]:
+        """After the commit: hand out what was stored in flight, ``build(row, slot)`` making
+        each delivery. Returns the queues that got deliveries."""
+        per_queue: dict[int, list[deliveries.Claimed]] = {}
+        for row in handed:
+            queue_id, slot = self._slots[row.copy]
+            per_queue.setdefault(queue_id, []).append(build(row, slot))
+        for queue_id, items in per_queue.items():
+            self._dispatcher._hand_out(queue_id, self._orders[queue_id], items)
+        self._dispatcher.metrics.handed_off.inc(len(handed))
+        return set(per_queue)
+
+    def close(self) -> None:
+        for lock in self._locks:
+            lock.release()
+        self._locks = []

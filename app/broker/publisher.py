@@ -15,12 +15,15 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 from app.auth.permissions import Access, require
 from app.broker.tasks import TaskOwner
-from app.domain.model import ExchangeType, OutgoingMessage, PublishResult, User
+from app.domain.model import Delivery, ExchangeType, OutgoingMessage, PublishResult, User
 from app.domain.routing import BindingRule, route
 from app.errors import (
     BrokerError,
@@ -34,10 +37,16 @@ from app.metrics import Metrics
 from app.storage import messages as store
 from app.storage.database import Database
 
+if TYPE_CHECKING:
+    from app.broker.dispatcher import HandOff
+
 log = logging.getLogger("messagex.publisher")
 
 #: Called after each successful commit with the ids of the queues that received copies.
 PublishedListener = Callable[[set[int]], None]
+
+#: Prefetch room for a group's direct hand-off (``Dispatcher.reserve``).
+Reserve = Callable[[Mapping[int, int]], Awaitable["HandOff | None"]]
 
 #: A queue deleted between routing and insert makes the insert fail; the publish is then
 #: retried with fresh bindings (it is ordered after the delete). More than this many
@@ -139,6 +148,12 @@ class Publisher:
         #: and declared again) makes the insert's foreign key fail (QueueDeleted, nothing
         #: stored), and the retry looks the name up again.
         self._queue_ids: dict[str, int] = {}
+        self._reserve: Reserve | None = None
+
+    def set_reserve(self, reserve: Reserve) -> None:
+        """Let copies go straight to idle subscribers with prefetch room (the direct
+        hand-off): ``reserve(copies per queue id)`` is the dispatcher's ``reserve``."""
+        self._reserve = reserve
 
     def add_published_listener(self, callback: PublishedListener) -> None:
         """Call ``callback(queue_ids)`` after each commit that stored at least one copy.
@@ -197,7 +212,7 @@ class Publisher:
         try:
             plans = await self._plan_group(group)
             written = [(r, p) for r, p in zip(group, plans, strict=True) if isinstance(p, _Plan)]
-            await self._insert([p for _, p in written])
+            handed_off = await self._insert([p for _, p in written])
             self.metrics.publish_groups.inc()
         except Unavailable as exc:
             _fail(group, exc)
@@ -226,7 +241,7 @@ class Publisher:
                 request.future.set_result(self._committed(plan))
             elif not request.future.done():
                 request.future.set_exception(plan)
-        self._notify(queue_ids)
+        self._notify(queue_ids - handed_off)
 
     async def _plan_group(self, group: list[_Request]) -> list[_Plan | BrokerError]:
         """Route every request against one snapshot of the routes (two reads at most, run
@@ -280,8 +295,10 @@ class Publisher:
         plan.queue_ids.add(queue_id)
         return plan
 
-    async def _insert(self, plans: list[_Plan]) -> None:
-        """ONE statement for every copy of every message of the group."""
+    async def _insert(self, plans: list[_Plan]) -> set[int]:
+        """ONE statement for every copy of every message of the group. Returns the queues
+        whose copies all went straight to a subscriber (the direct hand-off): no message
+        of this group waits in them, so there is no one to wake."""
         messages: list[tuple[str, OutgoingMessage]] = []
         copies: list[tuple[int, int]] = []
         for plan in plans:
@@ -289,10 +306,38 @@ class Publisher:
             messages.extend((plan.exchange, m) for m in plan.messages)
             copies.extend((offset + index, queue_id) for index, queue_id in plan.copies)
         receipt = str(uuid.uuid4())
+        handoff = await self._reserve_room(messages, copies)
         try:
-            await store.insert_copies(self.db.hot, messages, copies, receipt)
-        except store.PublishInDoubt:
-            await self._settle_in_doubt(receipt)
+            target = None
+            if handoff is not None:
+                owners = handoff.owners(copies, lambda i: messages[i][1].delay_ms == 0)
+                target = store.HandOffTo(handoff.process_id, owners)
+            try:
+                handed = await store.insert_copies(
+                    self.db.hot, messages, copies, receipt, handoff=target
+                )
+            except store.PublishInDoubt:
+                # Stored or not, it was not seen: copies handed off by it (if it was) are in
+                # flight to their subscribers unannounced, and their ack timeout redelivers
+                # them. Everything is woken, as for any publish.
+                await self._settle_in_doubt(receipt)
+                return set()
+            if not handed or handoff is None:
+                return set()
+            queues = handoff.deliver(handed, partial(_handed_delivery, messages, copies))
+        finally:
+            if handoff is not None:
+                handoff.close()
+        done = {row.copy for row in handed}
+        return queues.difference(q for i, (_, q) in enumerate(copies) if i not in done)
+
+    async def _reserve_room(
+        self, messages: list[tuple[str, OutgoingMessage]], copies: list[tuple[int, int]]
+    ) -> HandOff | None:
+        if self._reserve is None:
+            return None
+        wanted = Counter(q for i, q in copies if messages[i][1].delay_ms == 0)
+        return await self._reserve(wanted) if wanted else None
 
     async def _settle_in_doubt(self, receipt: str) -> None:
         """The connection broke while the group's statement was committing: ask the database,
@@ -401,6 +446,32 @@ def _uuid4_strings(n: int) -> Iterator[str]:
         raw[start + 8] = (raw[start + 8] & 0x3F) | 0x80  # RFC 4122 variant
         h = raw[start : start + 16].hex()
         yield f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _handed_delivery(
+    messages: list[tuple[str, OutgoingMessage]],
+    copies: list[tuple[int, int]],
+    row: store.HandedOff,
+    slot: int,
+) -> Delivery:
+    """The delivery of a copy the publish stored in flight: what a claim would return."""
+    message_index, queue_id = copies[row.copy]
+    exchange, m = messages[message_index]
+    return Delivery(
+        slot,
+        row.id,
+        queue_id,
+        m.message_id,
+        exchange,
+        m.routing_key,
+        m.headers,
+        m.properties,
+        m.body,
+        m.binary,
+        1,
+        row.created_at,
+        row.delivery_tag,
+    )
 
 
 def _fail(group: list[_Request], exc: BaseException) -> None:

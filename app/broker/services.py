@@ -35,6 +35,7 @@ class Services:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
         await self.auth.bootstrap()
         self.publisher.add_published_listener(self.delivery.on_published)
+        self.publisher.set_reserve(self.delivery.dispatcher.reserve)
         self.topology.add_queue_deleted_listener(self.delivery.on_queue_deleted)
         self.browser.add_deleted_listener(self.delivery.on_message_deleted)
         self.auth.add_listener(self._on_auth_event)

@@ -32,7 +32,11 @@ from app.storage.fastpath import HotPath, Statement
 # owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
 # credit, so one round trip serves every local subscriber of the queue. Pull claims pass
 # NULL owners (the row then belongs to :owner_user).
-CLAIM = text("""
+#: A new delivery tag, from the row's id (SQL over a column ``id``); the claim and the
+#: publisher's direct hand-off (storage.messages) both make their tags with it.
+NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
+
+CLAIM = text(f"""
 WITH picked AS (
     SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn
     FROM (
@@ -49,7 +53,7 @@ UPDATE messages AS m SET
     delivery_count = m.delivery_count + 1,
     delivered_at = now(),
     lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = m.id::text || '.' || replace(gen_random_uuid()::text, '-', ''),
+    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
     owner_process = CAST(:process_id AS uuid),
     owner_connection = (CAST(:owners AS uuid[]))[p.rn],
     owner_user = CAST(:owner_user AS text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -22,6 +23,7 @@ from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, Stored
 from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
 from app.storage.database import constraint_of
+from app.storage.deliveries import NEW_TAG_SQL
 from app.storage.fastpath import HotPath, Statement, constraint_name
 
 _FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"
@@ -97,6 +99,68 @@ JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
 ORDER BY c.ord
 """)
 
+# The same, when idle local subscribers have prefetch room (the direct hand-off): copy i may
+# go straight to :copy_owner[i] (NULL: it cannot), stored in flight to that connection as a
+# claim would leave it (status, tag, lease, delivery_count 1), which saves the claim's
+# UPDATE of every row and a round trip. Only a queue with no due ready message may hand off,
+# so nothing overtakes a message already waiting (contract §10: claims in (available_at, id)
+# order); the test reads the statement's snapshot, so a message committed concurrently is
+# one the publish was concurrent with. Ids are drawn in copy order above the sorted
+# subquery, as the default would draw them. Returns the rows stored in flight, by id.
+INSERT_COPIES_HANDING_OFF = text(f"""
+WITH receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid))),
+copies AS (
+    SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
+                         CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]))
+         WITH ORDINALITY AS c(msg, queue_id, owner, lease, ord)
+),
+waiting AS (
+    SELECT q.queue_id FROM (SELECT DISTINCT queue_id FROM copies WHERE owner IS NOT NULL) AS q
+    WHERE EXISTS (SELECT 1 FROM messages AS r
+                  WHERE r.queue_id = q.queue_id AND r.status = 'ready'
+                    AND r.available_at <= now())
+),
+numbered AS (
+    SELECT nextval('messages_id_seq') AS id, s.*
+    FROM (
+        SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
+               m.body, m.is_binary, m.delay_ms, c.lease,
+               CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
+                    ELSE c.owner END AS owner
+        FROM copies AS c
+        JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
+                    CAST(:routing_key AS text[]), CAST(:headers AS text[]),
+                    CAST(:properties AS text[]), CAST(:body AS bytea[]),
+                    CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
+                 WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties,
+                                      body, is_binary, delay_ms, ord)
+            ON m.ord = c.msg
+        ORDER BY c.ord
+    ) AS s
+),
+stored AS (
+    INSERT INTO messages (id, queue_id, message_id, exchange, routing_key, headers,
+                          properties, body, "binary", available_at, status, delivery_count,
+                          delivered_at, lease_expires_at, delivery_tag, owner_process,
+                          owner_connection)
+    SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
+           body, is_binary, now() + delay_ms * interval '1 millisecond',
+           CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
+           CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
+           CASE WHEN owner IS NOT NULL THEN now() END,
+           CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => lease) END,
+           CASE WHEN owner IS NOT NULL THEN {NEW_TAG_SQL.format(id="id")} END,
+           CASE WHEN owner IS NOT NULL THEN CAST(:process_id AS uuid) END,
+           owner
+    FROM numbered
+    ORDER BY id
+    RETURNING id, queue_id, delivery_tag, created_at
+)
+SELECT id, queue_id, delivery_tag, created_at FROM stored
+WHERE delivery_tag IS NOT NULL
+ORDER BY id
+""")
+
 # The fence of an in-doubt publish: insert its receipt ourselves. A row back means the
 # publish's statement did not commit, and since its own receipt insert would now conflict,
 # it never will; no row (ON CONFLICT) means it committed. A commit still in progress holds
@@ -118,6 +182,7 @@ _SETTLE_RECEIPT = Statement(SETTLE_RECEIPT)
 _SWEEP_RECEIPTS = Statement(SWEEP_RECEIPTS)
 _FIND_QUEUES = Statement(FIND_QUEUES)
 _INSERT_COPIES = Statement(INSERT_COPIES)
+_INSERT_COPIES_HANDING_OFF = Statement(INSERT_COPIES_HANDING_OFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,23 +227,45 @@ class PublishInDoubt(Exception):
     ``settle_in_doubt`` with the same receipt says which way it went."""
 
 
+@dataclass(frozen=True, slots=True)
+class HandOffTo:
+    """Where each copy of a publish may go straight to (the direct hand-off): per copy, the
+    owning connection and its lease in seconds, or None; and the owning broker process."""
+
+    process_id: str
+    owners: Sequence[tuple[str, float] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class HandedOff:
+    """A copy stored in flight by the publish itself (see INSERT_COPIES_HANDING_OFF)."""
+
+    copy: int  # index into the publish's copies
+    id: int
+    delivery_tag: str
+    created_at: datetime
+
+
 async def insert_copies(
     hot: HotPath,
     messages: Sequence[tuple[str, OutgoingMessage]],
     copies: Sequence[tuple[int, int]],
     receipt: str,
-) -> None:
+    handoff: HandOffTo | None = None,
+) -> list[HandedOff]:
     """Insert one row per ``(message index, queue id)`` in ``copies``, in that order, and
     the publish receipt ``receipt`` (a UUID, new for each call) with them.
 
     ``messages`` are (exchange, message) pairs whose messages carry their final
-    ``message_id`` and ``properties``. Raises QueueDeleted (nothing stored) when a target
-    queue no longer exists; Unavailable when the statement was never sent (nothing stored);
-    PublishInDoubt when the connection failed after it was sent.
+    ``message_id`` and ``properties``. With ``handoff``, the offered copies of each queue
+    that has no due ready message are stored in flight to their owners, and returned; a
+    queue's offered copies are all handed off or none is. Raises QueueDeleted (nothing
+    stored) when a target queue no longer exists; Unavailable when the statement was never
+    sent (nothing stored); PublishInDoubt when the connection failed after it was sent.
     """
     if not copies:
-        return
-    params = {
+        return []
+    params: dict[str, Any] = {
         "receipt": receipt,
         "copy_msg": [index + 1 for index, _ in copies],
         "copy_queue": [queue_id for _, queue_id in copies],
@@ -191,12 +278,21 @@ async def insert_copies(
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
     }
+    statement = _INSERT_COPIES
+    if handoff is not None:
+        statement = _INSERT_COPIES_HANDING_OFF
+        params["process_id"] = handoff.process_id
+        params["copy_owner"] = [o[0] if o else None for o in handoff.owners]
+        params["copy_lease"] = [o[1] if o else None for o in handoff.owners]
     sent = False
     try:
         async with hot.connection() as conn:
             try:
                 sent = True
-                await conn.execute(_INSERT_COPIES.sql, *_INSERT_COPIES.args(params))
+                if handoff is None:
+                    await conn.execute(statement.sql, *statement.args(params))
+                    return []
+                rows = await conn.fetch(statement.sql, *statement.args(params))
             except asyncpg.ForeignKeyViolationError as exc:
                 if constraint_name(exc) == _FK_MESSAGES_QUEUE:
                     raise QueueDeleted() from None
@@ -205,6 +301,30 @@ async def insert_copies(
         if sent:
             raise PublishInDoubt() from None
         raise
+    return _match_handed(rows, copies, handoff.owners)
+
+
+def _match_handed(
+    rows: Sequence[Any],
+    copies: Sequence[tuple[int, int]],
+    owners: Sequence[tuple[str, float] | None],
+) -> list[HandedOff]:
+    """Pair the rows stored in flight (by id, so in copy order) with the offered copies of
+    their queues, in copy order."""
+    by_queue: dict[int, list[Any]] = {}
+    for row in rows:
+        by_queue.setdefault(row[1], []).append(row)
+    if not by_queue:
+        return []
+    taken = dict.fromkeys(by_queue, 0)
+    handed: list[HandedOff] = []
+    for index, (_, queue_id) in enumerate(copies):
+        if owners[index] is None or queue_id not in by_queue:
+            continue
+        row = by_queue[queue_id][taken[queue_id]]
+        taken[queue_id] += 1
+        handed.append(HandedOff(index, row[0], row[2], row[3]))
+    return handed
 
 
 async def settle_in_doubt(hot: HotPath, receipt: str) -> bool:

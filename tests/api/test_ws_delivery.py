@@ -28,6 +28,7 @@ from tests.support import (
     asyncpg_dsn,
     client,
     login,
+    metric,
     running_server,
     wait_for,
 )
@@ -297,6 +298,50 @@ def test_delivery_fifo_and_push_latency(url: str, adm: httpx.Client, q: str) -> 
         assert latency < 0.5
         publish_many(adm, q, list(range(40)))
         assert [d["body"] for d in ws.deliveries_n(40)] == list(range(40))
+
+
+def handed_off(srv: LiveServer) -> float:
+    text = httpx.get(f"{srv.base_url}/metrics").text
+    return metric(text, "messagex_deliveries_handed_off_total") or 0.0
+
+
+def test_an_idle_subscriber_gets_a_publish_straight_from_its_insert(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str
+) -> None:
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 10)
+        before = handed_off(srv)
+        publish_many(adm, q, [{"n": 0}, {"n": 1}, {"n": 2}])
+        got = ws.deliveries_n(3)
+        # handed off by the publish's own statement: no claim, the same frame a claim makes
+        assert handed_off(srv) == before + 3
+        assert [d["body"] for d in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert all(d["delivery_count"] == 1 and d["redelivered"] is False for d in got)
+        assert all(d["exchange"] == "amq.direct" and d["routing_key"] == q for d in got)
+        ids = [int(d["delivery_tag"].split(".")[0]) for d in got]
+        assert ids == sorted(ids)
+        rows = browse(adm, q)
+        assert [(r["status"], r["delivery_count"]) for r in rows] == [("in_flight", 1)] * 3
+        for d in got:
+            ws.ack(d["delivery_tag"])
+        wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
+
+
+def test_copies_beyond_the_prefetch_wait_their_turn(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str
+) -> None:
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 2)
+        before = handed_off(srv)
+        publish_many(adm, q, list(range(5)))
+        seen = []
+        for _ in range(5):
+            d = ws.delivery()
+            seen.append(d["body"])
+            ws.ack(d["delivery_tag"])
+        assert seen == list(range(5))
+        assert handed_off(srv) - before == 2  # the first two; the other three waited, claimed
+        wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
 
 
 def test_round_robin_is_fair(url: str, adm: httpx.Client, q: str) -> None:

@@ -31,10 +31,10 @@ def break_after_commit(monkeypatch: pytest.MonkeyPatch, *, commit: bool) -> list
     real = store.insert_copies
     receipts: list[str] = []
 
-    async def broken(hot: Any, messages: Any, copies: Any, receipt: str) -> None:
+    async def broken(hot: Any, messages: Any, copies: Any, receipt: str, handoff: Any) -> None:
         receipts.append(receipt)
         if commit:
-            await real(hot, messages, copies, receipt)
+            await real(hot, messages, copies, receipt, handoff)
         raise store.PublishInDoubt()
 
     monkeypatch.setattr(store, "insert_copies", broken)
