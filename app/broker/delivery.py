@@ -249,7 +249,7 @@ class DeliveryEngine:
                 held.append((tag, sub))
                 woken.add(sub.queue_id)
         if woken:
-            self.hub.wake(woken)
+            self.hub.credit(woken)
         future = self.settlement.submit_acks(outlet.id, tags)
 
         def settled(f: asyncio.Future[list[int | None]]) -> None:
@@ -285,7 +285,7 @@ class DeliveryEngine:
         sub = self.registry.get(connection_id, queue_id)
         if sub is not None and tag in sub.unsettled:
             sub.unsettled.discard(tag)
-            self.hub.wake([queue_id])
+            self.hub.credit([queue_id])
 
     # -- consumers (HTTP pull) -------------------------------------------------------------
 
@@ -464,7 +464,7 @@ class DeliveryEngine:
             gone = {t for t in tags if (owner, t) not in live} & sub.unsettled
             if gone:
                 sub.unsettled -= gone
-                self.hub.wake([sub.queue_id])
+                self.hub.credit([sub.queue_id])
 
     async def _check_liveness(self) -> None:
         digests = dict(self._token_digests)

@@ -95,7 +95,9 @@ class Dispatcher:
             async with self.lock(queue_id):
                 order = self.registry.round_robin(queue_id, MAX_CLAIM)
                 if not order:
+                    self.hub.drained(queue_id, None)
                     return None
+                wakes = self.hub.wakes(queue_id)
                 claimed = await deliveries.claim(
                     self.db.hot,
                     queue_id=queue_id,
@@ -108,7 +110,9 @@ class Dispatcher:
                 self._hand_out(queue_id, order, claimed)
             self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):
+                self.hub.drained(queue_id, wakes)
                 return await deliveries.seconds_until_due(self.db.hot, queue_id)
+            self.hub.drained(queue_id, None)  # it took all it could: more may wait
 
     async def reserve(self, wanted: Mapping[int, int]) -> HandOff | None:
         """Prefetch room for a publish's direct hand-off: for each queue of ``wanted`` (queue

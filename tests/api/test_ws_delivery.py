@@ -327,6 +327,27 @@ def test_an_idle_subscriber_gets_a_publish_straight_from_its_insert(
         wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
 
 
+def test_acks_at_light_load_cost_no_empty_claims(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str
+) -> None:
+    def claims() -> float:
+        text = httpx.get(f"{srv.base_url}/metrics").text
+        return metric(text, "messagex_claim_statements_total", via="websocket") or 0.0
+
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q, 1)
+        before = claims()
+        for n in range(20):
+            publish(adm, q, n)
+            got = ws.delivery()
+            assert got["body"] == n
+            assert ws.ack(got["delivery_tag"])["type"] == "ACKED"
+        # each message was handed off by its publish, and no ACK woke a claim for a queue
+        # that had nothing waiting (only the once-a-second poll claims)
+        assert claims() - before <= 10
+    wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
+
+
 def test_copies_beyond_the_prefetch_wait_their_turn(
     srv: LiveServer, url: str, adm: httpx.Client, q: str
 ) -> None:
