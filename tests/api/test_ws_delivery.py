@@ -300,9 +300,17 @@ def test_delivery_fifo_and_push_latency(url: str, adm: httpx.Client, q: str) -> 
         assert [d["body"] for d in ws.deliveries_n(40)] == list(range(40))
 
 
+def counter(srv: LiveServer, name: str, **labels: str) -> float:
+    """A counter of the server's /metrics (0 before its first increment)."""
+    return metric(httpx.get(f"{srv.base_url}/metrics").text, name, **labels) or 0.0
+
+
 def handed_off(srv: LiveServer) -> float:
-    text = httpx.get(f"{srv.base_url}/metrics").text
-    return metric(text, "messagex_deliveries_handed_off_total") or 0.0
+    return counter(srv, "messagex_deliveries_handed_off_total")
+
+
+def claims(srv: LiveServer) -> float:
+    return counter(srv, "messagex_claim_statements_total", via="websocket")
 
 
 def test_an_idle_subscriber_gets_a_publish_straight_from_its_insert(
@@ -330,13 +338,9 @@ def test_an_idle_subscriber_gets_a_publish_straight_from_its_insert(
 def test_acks_at_light_load_cost_no_empty_claims(
     srv: LiveServer, url: str, adm: httpx.Client, q: str
 ) -> None:
-    def claims() -> float:
-        text = httpx.get(f"{srv.base_url}/metrics").text
-        return metric(text, "messagex_claim_statements_total", via="websocket") or 0.0
-
     with WsClient.admin(url) as ws:
         ws.subscribe(q, 1)
-        before = claims()
+        before = claims(srv)
         for n in range(20):
             publish(adm, q, n)
             got = ws.delivery()
@@ -344,7 +348,7 @@ def test_acks_at_light_load_cost_no_empty_claims(
             assert ws.ack(got["delivery_tag"])["type"] == "ACKED"
         # each message was handed off by its publish, and no ACK woke a claim for a queue
         # that had nothing waiting (only the once-a-second poll claims)
-        assert claims() - before <= 10
+        assert claims(srv) - before <= 10
     wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
 
 
