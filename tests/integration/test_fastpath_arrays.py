@@ -1,0 +1,50 @@
+"""asyncpg's array encoder with the broker's fast nested-array test (storage.fastpath,
+``_fast_array_checks``): the arrays the broker passes encode exactly as before, against real
+PostgreSQL; the one change, that an array parameter must be a list or a tuple, is pinned."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from app.storage import fastpath
+from tests.support import asyncpg_dsn
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    yield connection
+    await connection.close()
+
+
+def test_the_patch_is_in_effect_with_the_locked_asyncpg() -> None:
+    from asyncpg.protocol import protocol
+
+    assert fastpath.FAST_ARRAY_CHECKS
+    assert protocol.IterableABC == (list, tuple)
+
+
+async def test_the_broker_s_arrays_encode_as_before(conn: asyncpg.Connection) -> None:
+    texts = ["a", "", "ü", None]
+    assert await conn.fetchval("SELECT $1::text[]", texts) == texts
+    blobs = [b"\x00\x01", b"", None]
+    assert await conn.fetchval("SELECT $1::bytea[]", blobs) == blobs
+    assert await conn.fetchval("SELECT $1::bigint[]", [1, None, 2**62]) == [1, None, 2**62]
+    assert await conn.fetchval("SELECT $1::float8[]", [0.5, None]) == [0.5, None]
+    assert await conn.fetchval("SELECT $1::boolean[]", (True, False)) == [True, False]
+    uuid = "00000000-0000-4000-8000-000000000000"
+    assert [str(u) for u in await conn.fetchval("SELECT $1::uuid[]", [uuid])] == [uuid]
+    nested = [[1, 2], [3, 4]]
+    assert await conn.fetchval("SELECT $1::int[]", nested) == nested
+    assert await conn.fetchval("SELECT array_ndims($1::int[])", nested) == 2
+    assert await conn.fetchval("SELECT $1::text[]", []) == []
+
+
+async def test_an_array_must_be_a_list_or_a_tuple(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.DataError):
+        await conn.fetchval("SELECT $1::int[]", {1, 2})
+    with pytest.raises(asyncpg.DataError):
+        await conn.fetchval("SELECT $1::int[]", range(3))
