@@ -192,6 +192,13 @@ def body_field(body: bytes, binary: bool, *, raw_json: bool = False) -> tuple[st
     return "body_base64", binascii.b2a_base64(body, newline=False).decode("ascii")
 
 
+def json_field(text: str, *, raw_json: bool = False) -> Any:
+    """Stored JSON text (a delivery's headers or properties) for output: with ``raw_json`` an
+    ``orjson.Fragment`` of the text as it is, else the parsed value (integers past 64 bits
+    exact), for the stdlib."""
+    return orjson.Fragment(text) if raw_json else jsonexact.loads(text)
+
+
 def body_fields(body: bytes, binary: bool, *, raw_json: bool = False) -> dict[str, Any]:
     """``body_field`` as a one-key dict."""
     return dict((body_field(body, binary, raw_json=raw_json),))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.codec import body_field, rfc3339
+from app.api.codec import body_field, json_field, rfc3339
 from app.domain.model import Delivery as Claimed
 
 
@@ -17,8 +17,8 @@ def delivery_fields(queue: str, item: Claimed, *, raw_json: bool = False) -> dic
         "exchange": item.exchange,
         "routing_key": item.routing_key,
         body_key: body,
-        "headers": item.headers,
-        "properties": item.properties,
+        "headers": json_field(item.headers, raw_json=raw_json),
+        "properties": json_field(item.properties, raw_json=raw_json),
         "message_id": item.message_id,
         "delivery_tag": item.delivery_tag,
         "delivery_count": item.delivery_count,

@@ -212,8 +212,10 @@ class Delivery:
     message_id: str
     exchange: str
     routing_key: str
-    headers: dict[str, Any]
-    properties: dict[str, Any]
+    #: headers and properties as JSON text: as PostgreSQL prints the stored jsonb (a claim),
+    #: or as the publisher stored it (a direct hand-off); rendering splices it unparsed
+    headers: str
+    properties: str
     body: bytes
     binary: bool
     delivery_count: int

@@ -214,7 +214,7 @@ async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
     """JSON text for a jsonb column; integers beyond 64 bits go through the stdlib."""
     try:
         return orjson.dumps(value).decode()
@@ -272,8 +272,8 @@ async def insert_copies(
         "exchange": [e for e, _ in messages],
         "message_id": [m.message_id for _, m in messages],
         "routing_key": [m.routing_key for _, m in messages],
-        "headers": [_json_text(m.headers) if m.headers else "{}" for _, m in messages],
-        "properties": [_json_text(m.properties) for _, m in messages],
+        "headers": [json_text(m.headers) if m.headers else "{}" for _, m in messages],
+        "properties": [json_text(m.properties) for _, m in messages],
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],

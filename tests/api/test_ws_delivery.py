@@ -857,6 +857,39 @@ def test_headers_orjson_cannot_write_do_not_strand_deliveries(
             assert ws.ack(d["delivery_tag"])["type"] == "ACKED"
 
 
+HEADERS = {
+    "big": 2**70,
+    "neg": -(2**65),
+    "half": 1.5,
+    "tiny": 1e-7,
+    "text": 'ü "quoted"\n\ttab \\ /',
+    "nested": {"list": [1, None, True, False, "x"], "empty": {}},
+}
+
+
+@pytest.mark.parametrize("path", ["claimed", "handed off"])
+def test_headers_and_properties_arrive_as_published(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str, path: str
+) -> None:
+    """Claimed deliveries carry headers and properties as PostgreSQL prints the stored jsonb,
+    spliced into the frame; handed-off ones as the publisher stored them. Either way a
+    consumer reads the values that were published."""
+    properties = {"content_type": "application/json", "reply_to": "r\u00fc", "message_id": "m-1"}
+    with WsClient.admin(url) as ws:
+        if path == "handed off":
+            ws.subscribe(q, 5)
+        before = handed_off(srv)
+        publish(adm, q, "h", headers=HEADERS, properties=properties)
+        if path == "claimed":
+            ws.subscribe(q, 5)
+        got = ws.delivery()
+        assert handed_off(srv) - before == (1 if path == "handed off" else 0)
+        assert got["headers"] == HEADERS
+        assert got["properties"] == properties
+        assert got["message_id"] == "m-1"
+        assert ws.ack(got["delivery_tag"])["type"] == "ACKED"
+
+
 # -- edges of ownership -----------------------------------------------------------------
 
 

@@ -212,3 +212,10 @@ def test_render_uses_raw_bodies_on_the_fast_path() -> None:
     # verbatim: the stored bytes (here with a space) are not re-serialized
     assert b'"body":[1, 2]' in codec.render(build)
     assert seen == [True]
+
+
+def test_json_field_splices_stored_text_or_parses_it_exactly() -> None:
+    stored = '{"big": 1180591620717411303424, "f": 0.0000001, "s": "ü\\n"}'
+    document = orjson.dumps({"headers": codec.json_field(stored, raw_json=True)})
+    assert document == b'{"headers":' + stored.encode() + b"}"  # verbatim, unparsed
+    assert codec.json_field(stored) == {"big": 2**70, "f": 1e-7, "s": "ü\n"}
