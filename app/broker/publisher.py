@@ -324,7 +324,14 @@ class Publisher:
                 return set()
             if not handed or handoff is None:
                 return set()
-            queues = handoff.deliver(handed, partial(_handed_delivery, messages, copies))
+            try:
+                queues = handoff.deliver(handed, partial(_handed_delivery, messages, copies))
+            except Exception:
+                # The publish is stored and must be answered so. Its handed-off copies are
+                # in flight to subscribers that were not sent them: their ack timeout (or
+                # the subscriber's disconnect) releases them.
+                log.exception("handing off a stored publish failed")
+                return set()
         finally:
             if handoff is not None:
                 handoff.close()

@@ -14,7 +14,7 @@ import asyncpg
 from app.storage import deliveries
 from app.storage import messages as store
 from app.storage.database import Database
-from tests.integration.test_publish_atomicity import execute, message
+from tests.integration.test_publish_atomicity import ADMIN, execute, message, publisher_for
 
 PROCESS = str(uuid.uuid4())
 OWNER = str(uuid.uuid4())
@@ -118,3 +118,39 @@ async def test_nothing_offered_stores_every_copy_ready(db: Database, database_ur
     (q,) = await queues(database_url, "none")
     assert await insert(db, batch(2), [(0, q), (1, q)], [None, None]) == []
     assert [r["status"] for r in await rows(database_url)] == ["ready", "ready"]
+
+
+class _BrokenHandOff:
+    """A reservation whose hand-out fails after the commit (a bug, say)."""
+
+    process_id = PROCESS
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def owners(self, copies: object, eligible: object) -> list[tuple[str, float] | None]:
+        return [(OWNER, 30.0)]
+
+    def deliver(self, handed: object, build: object) -> set[int]:
+        raise RuntimeError("hand-out bug")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_failed_hand_out_still_answers_the_stored_publish(
+    db: Database, database_url: str
+) -> None:
+    (q,) = await queues(database_url, "broken")
+    broken = _BrokenHandOff()
+
+    async def reserve(wanted: object) -> _BrokenHandOff:
+        return broken
+
+    publisher, _metrics, woken = publisher_for(db)
+    publisher.set_reserve(reserve)  # type: ignore[arg-type]
+    results = await publisher.publish_to_queue(ADMIN, "broken", [message()])
+    assert [r.routed for r in results] == [True]
+    assert [r["status"] for r in await rows(database_url)] == ["in_flight"]
+    assert broken.closed
+    assert woken == [{q}]  # woken as for any publish
