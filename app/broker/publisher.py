@@ -310,7 +310,7 @@ class Publisher:
         try:
             target = None
             if handoff is not None:
-                owners = handoff.owners(copies, lambda i: messages[i][1].delay_ms == 0)
+                owners = handoff.owners(copies, lambda i: _may_hand_off(messages[i][1]))
                 target = store.HandOffTo(handoff.process_id, owners)
             try:
                 handed = await store.insert_copies(
@@ -343,7 +343,7 @@ class Publisher:
     ) -> HandOff | None:
         if self._reserve is None:
             return None
-        wanted = Counter(q for i, q in copies if messages[i][1].delay_ms == 0)
+        wanted = Counter(q for i, q in copies if _may_hand_off(messages[i][1]))
         return await self._reserve(wanted) if wanted else None
 
     async def _settle_in_doubt(self, receipt: str) -> None:
@@ -455,6 +455,11 @@ def _uuid4_strings(n: int) -> Iterator[str]:
         yield f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _may_hand_off(message: OutgoingMessage) -> bool:
+    """A delayed message waits for its due time in the queue: it is never handed off."""
+    return message.delay_ms == 0
+
+
 def _handed_delivery(
     messages: list[tuple[str, OutgoingMessage]],
     copies: list[tuple[int, int]],
@@ -471,8 +476,8 @@ def _handed_delivery(
         m.message_id,
         exchange,
         m.routing_key,
-        store.json_text(m.headers) if m.headers else "{}",
-        store.json_text(m.properties),
+        row.headers,
+        row.properties,
         m.body,
         m.binary,
         1,

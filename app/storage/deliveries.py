@@ -25,6 +25,10 @@ from app.storage.fastpath import HotPath, Statement
 
 # -- claim ----------------------------------------------------------------------------------
 
+#: A new delivery tag, from the row's id (SQL over a column ``id``); the claim and the
+#: publisher's direct hand-off (storage.messages) both make their tags with it.
+NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
+
 # Claim up to :n ready rows of one queue in (available_at, id) order, in ONE statement.
 # Headers and properties come back as JSON text, which the frame splices as it is: decoding
 # them into Python only to encode them again cost 3.5 µs per row (docs/performance.md).
@@ -34,10 +38,6 @@ from app.storage.fastpath import HotPath, Statement
 # owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
 # credit, so one round trip serves every local subscriber of the queue. Pull claims pass
 # NULL owners (the row then belongs to :owner_user).
-#: A new delivery tag, from the row's id (SQL over a column ``id``); the claim and the
-#: publisher's direct hand-off (storage.messages) both make their tags with it.
-NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
-
 CLAIM = text(f"""
 WITH picked AS (
     SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn

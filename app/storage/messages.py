@@ -67,6 +67,18 @@ ORDER BY e.name, b.id
 # Direct-to-queue publishes: the queues' ids, for those that exist. Same reasoning.
 FIND_QUEUES = text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS text[]))")
 
+# The parts both publish statements share: the receipt (see settle_in_doubt), and
+_RECEIPT = "receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid)))"
+# each message's columns, once per message (1-based ordinal ``m.ord``), joined to copies ``c``
+_MESSAGES_OF_COPIES = """
+JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
+            CAST(:routing_key AS text[]), CAST(:headers AS text[]),
+            CAST(:properties AS text[]), CAST(:body AS bytea[]),
+            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
+         WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
+                              is_binary, delay_ms, ord)
+    ON m.ord = c.msg"""
+
 # Every copy of every message of a publish group in ONE statement (one commit, so one WAL
 # flush for all the requests that arrived together). Each message's columns travel once
 # (arrays indexed by message), and :copy_msg/:copy_queue list the copies as (1-based
@@ -80,8 +92,8 @@ FIND_QUEUES = text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS 
 # won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
 # publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
 # copies do: see settle_in_doubt.
-INSERT_COPIES = text("""
-WITH receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid)))
+INSERT_COPIES = text(f"""
+WITH {_RECEIPT}
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
                       body, "binary", available_at)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
@@ -89,13 +101,7 @@ SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
        now() + m.delay_ms * interval '1 millisecond'
 FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
          WITH ORDINALITY AS c(msg, queue_id, ord)
-JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
-            CAST(:routing_key AS text[]), CAST(:headers AS text[]),
-            CAST(:properties AS text[]), CAST(:body AS bytea[]),
-            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
-         WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
-                              is_binary, delay_ms, ord)
-    ON m.ord = c.msg
+{_MESSAGES_OF_COPIES}
 ORDER BY c.ord
 """)
 
@@ -108,7 +114,7 @@ ORDER BY c.ord
 # one the publish was concurrent with. Ids are drawn in copy order above the sorted
 # subquery, as the default would draw them. Returns the rows stored in flight, by id.
 INSERT_COPIES_HANDING_OFF = text(f"""
-WITH receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid))),
+WITH {_RECEIPT},
 copies AS (
     SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
                          CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]))
@@ -128,13 +134,7 @@ numbered AS (
                CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
                     ELSE c.owner END AS owner
         FROM copies AS c
-        JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
-                    CAST(:routing_key AS text[]), CAST(:headers AS text[]),
-                    CAST(:properties AS text[]), CAST(:body AS bytea[]),
-                    CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
-                 WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties,
-                                      body, is_binary, delay_ms, ord)
-            ON m.ord = c.msg
+        {_MESSAGES_OF_COPIES}
         ORDER BY c.ord
     ) AS s
 ),
@@ -214,7 +214,7 @@ async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
-def json_text(value: Any) -> str:
+def _json_text(value: Any) -> str:
     """JSON text for a jsonb column; integers beyond 64 bits go through the stdlib."""
     try:
         return orjson.dumps(value).decode()
@@ -244,6 +244,8 @@ class HandedOff:
     id: int
     delivery_tag: str
     created_at: datetime
+    headers: str  # the JSON text stored, as a claim would return it
+    properties: str
 
 
 async def insert_copies(
@@ -272,8 +274,8 @@ async def insert_copies(
         "exchange": [e for e, _ in messages],
         "message_id": [m.message_id for _, m in messages],
         "routing_key": [m.routing_key for _, m in messages],
-        "headers": [json_text(m.headers) if m.headers else "{}" for _, m in messages],
-        "properties": [json_text(m.properties) for _, m in messages],
+        "headers": [_json_text(m.headers) if m.headers else "{}" for _, m in messages],
+        "properties": [_json_text(m.properties) for _, m in messages],
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
@@ -301,13 +303,15 @@ async def insert_copies(
         if sent:
             raise PublishInDoubt() from None
         raise
-    return _match_handed(rows, copies, handoff.owners)
+    return _match_handed(rows, copies, handoff.owners, params["headers"], params["properties"])
 
 
 def _match_handed(
     rows: Sequence[Any],
     copies: Sequence[tuple[int, int]],
     owners: Sequence[tuple[str, float] | None],
+    headers: Sequence[str],
+    properties: Sequence[str],
 ) -> list[HandedOff]:
     """Pair the rows stored in flight (by id, so in copy order) with the offered copies of
     their queues, in copy order."""
@@ -318,12 +322,14 @@ def _match_handed(
         return []
     taken = dict.fromkeys(by_queue, 0)
     handed: list[HandedOff] = []
-    for index, (_, queue_id) in enumerate(copies):
+    for index, (message, queue_id) in enumerate(copies):
         if owners[index] is None or queue_id not in by_queue:
             continue
         row = by_queue[queue_id][taken[queue_id]]
         taken[queue_id] += 1
-        handed.append(HandedOff(index, row[0], row[2], row[3]))
+        handed.append(
+            HandedOff(index, row[0], row[2], row[3], headers[message], properties[message])
+        )
     return handed
 
 
