@@ -309,6 +309,13 @@ def handed_off(srv: LiveServer) -> float:
     return counter(srv, "messagex_deliveries_handed_off_total")
 
 
+def take_and_ack(ws: WsClient) -> Any:
+    """The next delivery's body, once its ACK was answered ACKED."""
+    got = ws.delivery()
+    assert ws.ack(got["delivery_tag"])["type"] == "ACKED"
+    return got["body"]
+
+
 def claims(srv: LiveServer) -> float:
     return counter(srv, "messagex_claim_statements_total", via="websocket")
 
@@ -343,9 +350,7 @@ def test_acks_at_light_load_cost_no_empty_claims(
         before = claims(srv)
         for n in range(20):
             publish(adm, q, n)
-            got = ws.delivery()
-            assert got["body"] == n
-            assert ws.ack(got["delivery_tag"])["type"] == "ACKED"
+            assert take_and_ack(ws) == n
         # each message was handed off by its publish, and no ACK woke a claim for a queue
         # that had nothing waiting (only the once-a-second poll claims)
         assert claims(srv) - before <= 10
@@ -359,12 +364,7 @@ def test_copies_beyond_the_prefetch_wait_their_turn(
         ws.subscribe(q, 2)
         before = handed_off(srv)
         publish_many(adm, q, list(range(5)))
-        seen = []
-        for _ in range(5):
-            d = ws.delivery()
-            seen.append(d["body"])
-            ws.ack(d["delivery_tag"])
-        assert seen == list(range(5))
+        assert [take_and_ack(ws) for _ in range(5)] == list(range(5))
         assert handed_off(srv) - before == 2  # the first two; the other three waited, claimed
         wait_for(lambda: browse(adm, q) == [], 3, message="every message acked")
 
