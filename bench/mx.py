@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import orjson
-from websockets.asyncio.client import ClientConnection, connect
 
 from bench.infra import Meters
 from bench.stats import (
@@ -33,6 +32,7 @@ from bench.stats import (
     shares,
     throughput_result,
 )
+from bench.wsclient import WsClient
 
 JSON = {"content-type": "application/json"}
 #: the direct exchange every bench queue is bound to (routing key = queue name)
@@ -202,51 +202,57 @@ class Mx:
 
     # -- consuming --------------------------------------------------------------------------
 
-    async def subscribe(self, queue: str, prefetch: int) -> ClientConnection:
-        ws = await connect(
-            self.ws_url,
-            additional_headers={"Authorization": self.authorization},
-            compression=None,
-            max_size=None,
-            open_timeout=10,
-        )
+    async def subscribe(self, queue: str, prefetch: int) -> WsClient:
+        ws = await WsClient.open(self.ws_url, {"Authorization": self.authorization})
         try:
-            hello = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+            hello = await ws.recv_json()
             if hello.get("type") != "CONNECTED":
                 raise BenchError(f"expected CONNECTED, got {hello}")
-            frame = {"type": "SUBSCRIBE", "queue": queue, "prefetch": prefetch}
-            await ws.send(orjson.dumps(frame).decode())
-            reply = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+            ws.send_json({"type": "SUBSCRIBE", "queue": queue, "prefetch": prefetch})
+            reply = await ws.recv_json()
             if reply.get("type") != "SUBSCRIBED":
                 raise BenchError(f"expected SUBSCRIBED, got {reply}")
         except BaseException:
-            await ws.close()
+            ws.abort()
             raise
         return ws
 
     @staticmethod
-    async def ws_consumer(ws: ClientConnection, sink: Sink, ack_group: int | None = None) -> None:
+    async def ws_consumer(ws: WsClient, sink: Sink, ack_group: int | None = None) -> None:
         """Receive deliveries and ack every one (no frame id: the broker sends no reply):
         one ``ACK`` frame each, or, with ``ack_group``, one ``ACK`` with ``delivery_tags``
-        per group (AckBatcher)."""
+        per group (AckBatcher). Returns when the connection closes."""
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        async def ack_many(tags: list[str]) -> None:
-            await ws.send(orjson.dumps({"type": "ACK", "delivery_tags": tags}).decode())
+        def ack_many(tags: list[str]) -> None:
+            ws.send_json({"type": "ACK", "delivery_tags": tags})
 
         batcher = AckBatcher(ack_group, ack_many) if ack_group is not None else None
-        async for raw in ws:
+
+        def on_text(raw: bytes) -> None:
             received = now_ns()
             frame = orjson.loads(raw)
             if frame.get("type") != "MESSAGE_DELIVERED":
-                if frame.get("type") == "ERROR":
-                    raise BenchError(f"broker sent {frame}")
-                continue
+                if frame.get("type") == "ERROR" and not failed.done():
+                    failed.set_exception(BenchError(f"broker sent {frame}"))
+                return
             body = frame["body"]
             sink.record(body["seq"], body["ts"], received)
+            tag = frame["delivery_tag"]
             if batcher is not None:
-                await batcher.add(frame["delivery_tag"])
-            else:
-                await ws.send(f'{{"type":"ACK","delivery_tag":"{frame["delivery_tag"]}"}}')
+                batcher.add_nowait(tag)
+            else:  # written with the others of this read (WsClient)
+                ws.send_text(b'{"type":"ACK","delivery_tag":"%s"}' % tag.encode())
+
+        while not ws.inbox.empty():  # frames that came before this consumer started
+            raw = ws.inbox.get_nowait()
+            if raw is not None:
+                on_text(raw)
+        ws.flush()
+        ws.on_text = on_text
+        await asyncio.wait({failed, ws.closed}, return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            failed.result()
 
     async def pull_consumer(
         self, queue: str, max_messages: int, sink: Sink, ack: str = "each"
@@ -371,7 +377,7 @@ async def ws_throughput(s: Settings, mode: str, prefetch: int, ack: str = "each"
     }
     name = scenario_name("mx ws", mode, prefetch, ack)
     await s.mx.declare_queue(queue)
-    sockets: list[ClientConnection] = []
+    sockets: list[WsClient] = []
     tasks: list[asyncio.Task[Any]] = []
     sink = Sink(s.count)
     try:

@@ -109,7 +109,7 @@ class AckBatcher(Generic[T]):
     group (MessageX: one ``ACK`` frame with ``delivery_tags``; RabbitMQ: ``basic.ack`` of
     the last one with ``multiple``)."""
 
-    def __init__(self, size: int, send: Callable[[list[T]], Awaitable[None]]) -> None:
+    def __init__(self, size: int, send: Callable[[list[T]], Awaitable[None] | None]) -> None:
         self.size = size
         self.send = send
         self.pending: list[T] = []
@@ -117,20 +117,37 @@ class AckBatcher(Generic[T]):
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def add(self, item: T) -> None:
+        if self._add(item):
+            await self.flush()
+
+    def add_nowait(self, item: T) -> None:
+        """``add`` for a ``send`` that does not wait (returns None)."""
+        if self._add(item):
+            self.send(self._take())
+
+    def _add(self, item: T) -> bool:
+        """Queue ``item``; True when its group is full."""
         self.pending.append(item)
         if len(self.pending) >= self.size:
-            await self.flush()
-        elif self._timer is None:
+            return True
+        if self._timer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(ACK_BATCH_DELAY_S, self._on_timer)
+        return False
 
-    async def flush(self) -> None:
+    def _take(self) -> list[T]:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         group, self.pending = self.pending, []
+        return group
+
+    async def flush(self) -> None:
+        group = self._take()
         if group:
-            await self.send(group)
+            sent = self.send(group)
+            if sent is not None:
+                await sent
 
     def _on_timer(self) -> None:
         self._timer = None
