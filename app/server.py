@@ -18,9 +18,10 @@ from fastapi import FastAPI
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
+from websockets.frames import Frame
 from websockets.http11 import Request
 
-from app.api.ws.connection import SEND_MANY
+from app.api.ws.connection import RECEIVE_MANY, SEND_MANY
 from app.config import Settings
 
 log = logging.getLogger("messagex")
@@ -48,22 +49,71 @@ def tune_gc() -> None:
 
 
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol with one ASGI extension, ``SEND_MANY``:
-    ``{"type": SEND_MANY, "frames": [utf8_bytes, ...]}`` sends several text frames with one
-    socket write.
+    """uvicorn's sans-I/O WebSocket protocol with two ASGI extensions, named in the scope so
+    that the app falls back to plain messages under any other server:
 
-    A consumer with prefetch 100 is sent up to 100 ``MESSAGE_DELIVERED`` frames at a time;
-    one ASGI ``websocket.send`` each cost a str round trip of every body, the ASGI layers and
-    a ``send()`` system call per frame. Flow control is uvicorn's: the send waits while the
-    transport is paused for writing. The extension is named in the scope, so the app falls
-    back to ``websocket.send`` under any other server.
+    - ``SEND_MANY``: ``{"type": SEND_MANY, "frames": [utf8_bytes, ...]}`` sends several text
+      frames with one socket write. A consumer with prefetch 100 is sent up to 100
+      ``MESSAGE_DELIVERED`` frames at a time; one ASGI ``websocket.send`` each cost a str
+      round trip of every body, the ASGI layers and a ``send()`` system call per frame. Flow
+      control is uvicorn's: the send waits while the transport is paused for writing.
+    - ``RECEIVE_MANY``: the text frames of one socket read reach the app as one
+      ``{"type": RECEIVE_MANY, "texts": [str, ...]}`` (a single one as a plain
+      ``websocket.receive``), in order with everything else: any other event (a binary
+      frame, a close) first hands over the texts before it. Reading pauses until the app
+      takes them, as uvicorn pauses after every message.
     """
+
+    _texts: list[str] | None = None  # while handle_events runs: text frames not handed over
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope["extensions"][SEND_MANY] = {}
+            scope["extensions"][RECEIVE_MANY] = {}
+
+    def handle_events(self) -> None:
+        self._texts = []
+        try:
+            super().handle_events()
+        finally:
+            self._hand_texts()
+            self._texts = None
+
+    def send_receive_event_to_app(self) -> None:
+        texts = self._texts
+        if texts is not None and self.curr_msg_data_type == "text" and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            self.frames = []
+            try:
+                texts.append(data.decode())
+            except UnicodeDecodeError:
+                # what uvicorn does, less its ERROR log with a traceback per bad client frame
+                self._hand_texts()
+                log.info("closing a WebSocket with 1007: a text frame was not valid UTF-8")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+            return
+        self._hand_texts()
+        super().send_receive_event_to_app()
+
+    def handle_close(self, event: Frame) -> None:
+        self._hand_texts()
+        super().handle_close(event)
+
+    def _hand_texts(self) -> None:
+        texts = self._texts
+        if not texts:
+            return
+        self._texts = []
+        if len(texts) == 1:
+            self.queue.put_nowait({"type": "websocket.receive", "text": texts[0]})
+        else:
+            self.queue.put_nowait({"type": RECEIVE_MANY, "texts": texts})  # type: ignore[arg-type]
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     async def send(self, message: object) -> None:
         if not isinstance(message, dict) or message.get("type") != SEND_MANY:

@@ -117,6 +117,47 @@ def test_invalid_utf8_closes_1007(server: LiveServer, no_crash: Any) -> None:
     alive(server)
 
 
+def test_frames_of_one_read_keep_their_order_around_a_binary_one(
+    server: LiveServer, no_crash: Any
+) -> None:
+    """Text frames read together reach the app as one batch (app/server.py, RECEIVE_MANY);
+    a binary frame between them is still answered in its place."""
+    with WsClient.admin(server.ws_url) as ws:
+        ping = [_masked(1, json.dumps({"type": "PING", "id": i}).encode()) for i in "abc"]
+        ws.ws.socket.sendall(ping[0] + ping[1] + _masked(2, b"\x00") + ping[2])
+        frames = [ws.recv_json() for _ in range(4)]
+        assert [(f["type"], f.get("id"), f.get("code")) for f in frames] == [
+            ("PONG", "a", None),
+            ("PONG", "b", None),
+            ("ERROR", None, "bad_frame"),
+            ("PONG", "c", None),
+        ]
+    alive(server)
+
+
+def test_an_ack_read_with_an_invalid_frame_takes_effect_before_the_1007(
+    server: LiveServer, admin: httpx.Client, no_crash: Any
+) -> None:
+    """The invalid UTF-8 frame closes the connection, but the ACK read before it in the same
+    read still settles: the message is gone, not released for redelivery."""
+    declare_queue(admin, "q")
+    publish(admin, "q", "x")
+    with WsClient.admin(server.ws_url) as ws:
+        ws.subscribe("q")
+        tag = ws.delivery()["delivery_tag"]
+        ack = json.dumps({"type": "ACK", "delivery_tag": tag}).encode()
+        ws.ws.socket.sendall(_masked(1, ack) + _masked(1, b'{"type": "PING", "x": "\xff"}'))
+        code, _ = ws.expect_close()
+        assert code == 1007
+
+    def settled() -> dict[str, Any] | None:
+        stats: dict[str, Any] = admin.get("/queues/q").json()["stats"]
+        return stats if stats["consumers"] == 0 and stats["in_flight"] == 0 else None
+
+    assert wait_for(settled)["ready"] == 0
+    alive(server)
+
+
 def test_a_flood_of_bad_frames_closes_1008_never_1011(server: LiveServer, no_crash: Any) -> None:
     with WsClient.admin(server.ws_url) as ws:
         ws.ws.socket.sendall(b"".join(_masked(1, b"nope") for _ in range(500)))

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 import orjson
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from app.api.codec import render
 from app.api.deliveries import delivery_fields
@@ -47,8 +47,10 @@ MAX_INFLIGHT_OPS = 1024
 OPS_GRACE_SECONDS = 5.0
 
 
-#: ASGI extension of our server (app/server.py): several text frames in one send
+#: ASGI extensions of our server (app/server.py): several text frames in one send, and the
+#: text frames of one socket read in one receive
 SEND_MANY = "messagex.websocket.send_many"
+RECEIVE_MANY = "messagex.websocket.receive_many"
 
 
 class State(Enum):
@@ -91,6 +93,39 @@ class Outbox:
         return items
 
 
+class Inbound:
+    """The peer's frames in order: ``next()`` gives a text frame's text, a binary frame's
+    bytes, or None once the peer is gone.
+
+    Under our server (``RECEIVE_MANY`` in the scope) the text frames of one socket read come
+    as one ASGI message: a consumer acking every delivery sends them in bursts, and one ASGI
+    event, queue hand-over and state check per frame showed in the broker's profile. Under
+    any other server, plain ``websocket.receive`` messages.
+    """
+
+    def __init__(self, ws: WebSocket) -> None:
+        self._ws = ws
+        many = RECEIVE_MANY in ws.scope.get("extensions", {})
+        self._receive = ws._receive if many else ws.receive
+        self._pending: deque[str] = deque()
+
+    async def next(self) -> str | bytes | None:
+        if self._pending:
+            return self._pending.popleft()
+        message = await self._receive()
+        kind = message["type"]
+        if kind == RECEIVE_MANY:
+            self._pending.extend(message["texts"])
+            return self._pending.popleft()
+        if kind == "websocket.receive":
+            text = message.get("text")
+            return text if text is not None else message.get("bytes") or b""
+        if kind == "websocket.disconnect":
+            self._ws.client_state = WebSocketState.DISCONNECTED  # as starlette's receive does
+            return None
+        raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+
 def _delivered_frame(queue: str, item: Delivery, raw_json: bool) -> dict[str, Any]:
     return {"type": "MESSAGE_DELIVERED", **delivery_fields(queue, item, raw_json=raw_json)}
 
@@ -107,6 +142,7 @@ class WsConnection:
         self.digest = digest
         self.state = State.AUTHENTICATING if user is None else State.OPEN
         self.outbox = Outbox()
+        self.inbound = Inbound(ws)
         self._bad_frames: deque[float] = deque()
         self._ops: set[asyncio.Future[Any]] = set()
         self._ops_room = asyncio.Event()  # set when an op finished (room for another)
@@ -230,10 +266,10 @@ class WsConnection:
                     return
             while True:
                 await self.outbox.wait_for_room()
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
+                data = await self.inbound.next()
+                if data is None:
                     return
-                await self._on_message(message)
+                await self._on_message(data)
         except TimeoutError:
             self.close(4401, "authentication timed out")
         except WebSocketDisconnect:
@@ -248,11 +284,11 @@ class WsConnection:
 
     async def _authenticate(self) -> None:
         while self.state is State.AUTHENTICATING:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
+            data = await self.inbound.next()
+            if data is None:
                 return
             try:
-                frame, frame_id = self._frame_of(message)
+                frame, frame_id = self._frame_of(data)
             except BadFrame as exc:
                 self._bad_frame(exc)
                 continue
@@ -300,11 +336,10 @@ class WsConnection:
 
     # -- frames -----------------------------------------------------------------------------
 
-    def _frame_of(self, message: Any) -> tuple[frames.Frame, str | int | None]:
-        text = message.get("text")
-        if text is None:
+    def _frame_of(self, data: str | bytes) -> tuple[frames.Frame, str | int | None]:
+        if isinstance(data, bytes):
             raise BadFrame("frames are JSON text frames, not binary")
-        return frames.parse(text)
+        return frames.parse(data)
 
     def _bad_frame(self, exc: BadFrame) -> None:
         frame_id = exc.extra.get("frame_id")
@@ -316,9 +351,9 @@ class WsConnection:
         if len(self._bad_frames) > BAD_FRAME_LIMIT:
             self.close(1008, "too many bad frames")
 
-    async def _on_message(self, message: Any) -> None:
+    async def _on_message(self, data: str | bytes) -> None:
         try:
-            frame, frame_id = self._frame_of(message)
+            frame, frame_id = self._frame_of(data)
         except BadFrame as exc:
             self._bad_frame(exc)
             return
