@@ -113,6 +113,13 @@ def parser() -> argparse.ArgumentParser:
         "--fail-fast", action="store_true", help="stop at the first scenario that is not ok"
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the selected scenarios this many times, round after round; ratios are "
+        "computed per round and summarised by their median (1)",
+    )
+    p.add_argument(
         "--only",
         metavar="REGEX",
         help="run only the scenarios whose name matches, e.g. 'batch.*prefetch=100'",
@@ -140,6 +147,7 @@ class Config:
     broker_env: dict[str, str] = field(default_factory=dict)
     only: str | None = None
     gc_clients: int = groupcommit.CLIENTS
+    rounds: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -155,8 +163,8 @@ class Config:
             sizes = [n for n in sizes if n < 1_000_000]
         elif 1_000_000 not in sizes:
             sizes.append(1_000_000)
-        if value("count") < 1 or args.publishers < 1 or args.consumers < 1:
-            raise BenchError("--count, --publishers and --consumers must be at least 1")
+        if min(value("count"), args.publishers, args.consumers, args.rounds) < 1:
+            raise BenchError("--count, --publishers, --consumers and --rounds must be at least 1")
         return cls(
             groups=list(GROUPS) if args.group == "all" else [args.group],
             smoke=args.smoke,
@@ -176,6 +184,7 @@ class Config:
             broker_env=dict(kv.split("=", 1) for kv in args.broker_env),
             only=args.only,
             gc_clients=args.gc_clients,
+            rounds=args.rounds,
         )
 
 
@@ -190,6 +199,7 @@ class Run:
     rabbit_skipped: str | None = None
     results: list[Result] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    round: int = 1
 
     # -- meters -----------------------------------------------------------------------------
 
@@ -231,7 +241,7 @@ class Run:
         print(f"… {name}", file=sys.stderr, flush=True)
         if self.broker is not None and not self.broker.running():
             work.close()  # type: ignore[attr-defined]
-            self.results.append(Result(group, name, {}, status="error", note="broker died"))
+            self._failed(group, name, "broker died")
             return
         started = time.monotonic()
         try:
@@ -240,17 +250,23 @@ class Run:
             detail = str(exc) or type(exc).__name__
             if not isinstance(exc, BenchError):
                 traceback.print_exc(file=sys.stderr)
-            self.results.append(Result(group, name, {}, status="error", note=detail[:500]))
+            self._failed(group, name, detail[:500])
         else:
             wall = round(time.monotonic() - started, 2)
             print(f"  done in {wall} s", file=sys.stderr, flush=True)
             for result in outcome if isinstance(outcome, list) else [outcome]:
+                result.extra["round"] = self.round
                 result.extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
                 result.extra.setdefault("wall_s", wall)
                 self.results.append(result)
         failed = [r for r in self.results if r.status != "ok"]
         if self.cfg.fail_fast and failed:
             raise BenchError(f"--fail-fast: {failed[0].name} is {failed[0].status}")
+
+    def _failed(self, group: str, name: str, note: str) -> None:
+        self.results.append(
+            Result(group, name, {}, status="error", note=note, extra={"round": self.round})
+        )
 
     async def run_ceiling(self) -> None:
         assert self.pg is not None
@@ -374,8 +390,12 @@ class Run:
         try:
             await self.provision()
             self.meta.update(self.describe())
-            for group in self.cfg.groups:
-                await runners[group]()
+            for number in range(1, self.cfg.rounds + 1):
+                self.round = number
+                if self.cfg.rounds > 1:
+                    print(f"round {self.round} of {self.cfg.rounds}", file=sys.stderr, flush=True)
+                for group in self.cfg.groups:
+                    await runners[group]()
         finally:
             await self.teardown()
             if self.meta:
@@ -390,6 +410,7 @@ class Run:
             "mode": "smoke" if c.smoke else "full",
             "groups": c.groups,
             "count": c.count,
+            "rounds": c.rounds,
             "message_bytes": MESSAGE_BYTES,
             "publishers": c.publishers,
             "workers": c.workers,

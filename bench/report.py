@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,21 @@ def _ws_key(r: Result) -> tuple[Any, Any, Any]:
 
 
 def ratios(results: Iterable[Result]) -> list[dict[str, Any]]:
+    """The ratios of each round (``round``: its number), each from results of that round
+    only; with several rounds, then one row per pair with the median of each ratio over the
+    rounds (``round``: "median") and the range of the rate ratio (``rate_range``)."""
+    by_round: dict[int, list[Result]] = {}
+    for r in results:
+        by_round.setdefault(r.extra.get("round", 1), []).append(r)
+    out: list[dict[str, Any]] = []
+    for number in sorted(by_round):
+        out += [{**row, "round": number} for row in _round_ratios(by_round[number])]
+    if len(by_round) > 1:
+        out += _medians(out)
+    return out
+
+
+def _round_ratios(results: list[Result]) -> list[dict[str, Any]]:
     ok = [r for r in results if r.status == "ok"]
     rabbit = {_ws_key(r): r for r in ok if r.group == "rabbitmq"}
     ceilings = {(r.params["batch"], r.params["connections"]): r for r in ok if r.group == "ceiling"}
@@ -77,6 +93,24 @@ def ratios(results: Iterable[Result]) -> list[dict[str, Any]]:
     idle = {r.name.split()[0]: r for r in ok if r.group == "idle"}
     if "mx" in idle and "rabbitmq" in idle:
         out.append(compare(idle["mx"], idle["rabbitmq"]))
+    return out
+
+
+def _medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        pairs.setdefault((row["messagex"], row["baseline"]), []).append(row)
+    out = []
+    for (mine, base), group in pairs.items():
+        summary: dict[str, Any] = {"messagex": mine, "baseline": base, "round": "median"}
+        for key in ("rate", "p50", "p99", "cpu_per_1k"):
+            values = [row[key] for row in group if row[key] is not None]
+            summary[key] = round(statistics.median(values), 3) if values else None
+        rates = [row["rate"] for row in group if row["rate"] is not None]
+        summary["rate_range"] = [min(rates), max(rates)] if rates else None
+        summary["rounds"] = len(group)
+        summary["cpu_basis"] = group[0]["cpu_basis"]
+        out.append(summary)
     return out
 
 
@@ -113,12 +147,17 @@ def _backlog_row(r: Result) -> str:
     )
 
 
-def _ratio_row(r: dict[str, Any]) -> str:
-    return (
+def _ratio_row(r: dict[str, Any], rounds: bool) -> str:
+    row = (
         f"{r['messagex']:<44} {r['baseline']:<40} {_fmt(r['rate'], '.3f'):>7} "
         f"{_fmt(r['p50'], '.2f'):>7} {_fmt(r['p99'], '.2f'):>7} "
         f"{_fmt(r['cpu_per_1k'], '.2f'):>7}"
     )
+    if not rounds:
+        return row
+    spread = r.get("rate_range")
+    spread_text = f"  rate {spread[0]:.3f} to {spread[1]:.3f}" if spread else ""
+    return f"{r['round']!s:>6} {row}{spread_text}"
 
 
 def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str, Any]]) -> str:
@@ -145,12 +184,15 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
         lines += ["", header, "-" * len(header)]
         lines += [_backlog_row(r) for r in backlog]
     if ratio_rows:
+        rounds = meta.get("rounds", 1) > 1
         header = (
             f"{'MessageX scenario':<44} {'/ baseline':<40} {'rate':>7} {'p50':>7} {'p99':>7} "
             f"{'cpu':>7}"
         )
+        if rounds:
+            header = f"{'round':>6} {header}"
         lines += ["", header, "-" * len(header)]
-        lines += [_ratio_row(r) for r in ratio_rows]
+        lines += [_ratio_row(r, rounds) for r in ratio_rows]
     problems = [r for r in results if r.status != "ok" or r.note]
     if problems:
         lines += [""] + [f"! {r.name}: {r.status} {r.note}".rstrip() for r in problems]
