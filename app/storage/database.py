@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.errors import BrokerError, InternalError, Unavailable
+from app.storage import planner
 from app.storage.fastpath import HotPath
 
 log = logging.getLogger("messagex.storage")
@@ -36,7 +37,7 @@ def create_engine(
     application_name: str = "messagex",
 ) -> AsyncEngine:
     """An async engine over asyncpg whose every wait is bounded, so requests fail fast (503)."""
-    server_settings = {"application_name": application_name}
+    server_settings = {"application_name": application_name, **planner.SETTINGS}
     if statement_timeout_ms:
         server_settings["statement_timeout"] = str(statement_timeout_ms)
     engine = create_async_engine(

@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from app import jsonexact
 from app.errors import BrokerError, InternalError, Unavailable
+from app.storage import planner
 
 log = logging.getLogger("messagex.storage")
 
@@ -134,7 +135,7 @@ class HotPath:
         self.size = size
         self.connect_timeout = connect_timeout
         self.acquire_timeout = acquire_timeout
-        self.server_settings = {"application_name": "messagex"}
+        self.server_settings = {"application_name": "messagex", **planner.SETTINGS}
         if statement_timeout_ms:
             self.server_settings["statement_timeout"] = str(statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None

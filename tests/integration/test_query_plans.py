@@ -13,6 +13,7 @@ PostgreSQL may switch to after five), with statistics taken by ANALYZE:
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.storage import deliveries
+from app.storage import deliveries, messages, planner
 from app.storage.fastpath import Statement
 from tests.support import asyncpg_dsn
 
@@ -158,3 +159,155 @@ async def test_a_pull_ack_and_a_nack_find_their_row_by_primary_key(
     ):
         nodes = await _plan(conn, statement, params, mode)
         assert [n.get("Index Name") for n in _scans(nodes)] == ["pk_messages"], nodes
+
+
+# -- plans made while the table looked empty (app/storage/planner.py) -----------------------
+
+_OWNER = str(uuid.uuid4())
+#: statement and its parameters (the queue id is filled in)
+_AFTER_EMPTY: dict[str, tuple[Statement, dict[str, Any]]] = {
+    "claim": (
+        deliveries._CLAIM,
+        {
+            "n": 100,
+            "lease_seconds": 30.0,
+            "process_id": _OWNER,
+            "owners": [_OWNER] * 100,
+            "owner_user": None,
+        },
+    ),
+    "next due": (deliveries._NEXT_DUE, {}),
+    "ack": (deliveries._ACK_MANY, {"ids": [1, 2], "tags": ["1.a", "2.b"], "owners": [_OWNER] * 2}),
+    "pull ack": (deliveries._ACK_PULL_MANY, {"ids": [1], "tags": ["1.a"], "owner_user": "u"}),
+    "publish handing off": (
+        messages._INSERT_COPIES_HANDING_OFF,
+        {
+            "receipt": str(uuid.uuid4()),
+            "copy_msg": [1],
+            "exchange": [""],
+            "message_id": ["m"],
+            "routing_key": ["k"],
+            "headers": ["{}"],
+            "properties": ["{}"],
+            "body": [b"1"],
+            "is_binary": [False],
+            "delay_ms": [0],
+            "process_id": _OWNER,
+            "copy_owner": [_OWNER],
+            "copy_lease": [30.0],
+        },
+    ),
+    "nack": (
+        Statement(deliveries.LOCK_BY_TAG),
+        {"id": 1, "tag": "1.a", "owner_connection": _OWNER, "owner_user": None},
+    ),
+    "ack timeouts": (Statement(deliveries.LOCK_EXPIRED), {"n": 100}),
+    "release a connection": (Statement(deliveries.LOCK_OWNED_BY_CONNECTIONS), {"owners": [_OWNER]}),
+    "release a process": (Statement(deliveries.LOCK_OWNED_BY_PROCESSES), {"processes": [_OWNER]}),
+    "reconcile": (Statement(deliveries.STILL_IN_FLIGHT), {"owners": [_OWNER]}),
+    "resubscribe": (Statement(deliveries.OWNED_TAGS), {"owner": _OWNER}),
+}
+_QUEUE_PARAMS = {"claim": "queue_id", "next due": "queue_id", "resubscribe": "queue_id"}
+
+
+#: the column each index of messages must be searched by for a read not to grow with the
+#: table; None: a partial index of the deliveries in flight, which the prefetch and the pull
+#: deliveries outstanding bound, not the backlog
+_LEADING = {
+    "pk_messages": "id",
+    "ix_messages_claim": "queue_id",
+    "ix_messages_queue": "queue_id",
+    "ix_messages_lease": None,
+    "ix_messages_owner": None,
+}
+
+
+def _unbounded(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reads of messages in ``plan`` that grow with the table: a sequential scan, or an
+    index scan not searched by the index's leading column (a walk of the whole index)."""
+    found = []
+    for node in _nodes(plan):
+        if node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "messages":
+            found.append(node)
+        elif node.get("Index Name") in _LEADING:
+            leading = _LEADING[node["Index Name"]]
+            condition = node.get("Index Cond", "")
+            if leading is not None and not re.search(rf"\b{leading} = ", condition):
+                found.append(node)
+    return found
+
+
+def _literal(value: Any) -> str:
+    """A SQL literal of a parameter value (untyped: EXECUTE casts it to the parameter's type)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        text = "{" + ",".join(_element(e) for e in value) + "}"
+    elif isinstance(value, bytes):
+        text = "\\x" + value.hex()
+    else:
+        text = str(value)
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return '"\\\\x' + value.hex() + '"'
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+@pytest.mark.parametrize("name", list(_AFTER_EMPTY))
+async def test_a_plan_made_while_the_table_looked_empty_still_uses_an_index(
+    database_url: str, name: str
+) -> None:
+    """Autovacuum leaves an emptied messages table at 0 pages and 0 rows, and PostgreSQL
+    then replans what reads it as if it were empty: a prepared statement would keep such a
+    plan while a backlog builds (app/storage/planner.py). With the broker's connection
+    settings, the plan is made six times while the table looks empty (after five, PostgreSQL
+    may keep a generic one), then the table fills up, and the plan must not read it from end
+    to end."""
+    statement, params = _AFTER_EMPTY[name]
+    conn = await asyncpg.connect(asyncpg_dsn(database_url), server_settings=planner.SETTINGS)
+    try:
+        queue_id = await conn.fetchval("INSERT INTO queues (name) VALUES ('q') RETURNING id")
+        params = {**params, _QUEUE_PARAMS.get(name, "copy_queue"): queue_id}
+        if name not in _QUEUE_PARAMS:
+            params["copy_queue"] = [queue_id]
+        params = {k: v for k, v in params.items() if k in statement.names}
+        await conn.execute("VACUUM messages")
+        pages, rows = await conn.fetchrow(
+            "SELECT relpages, reltuples FROM pg_class WHERE relname = 'messages'"
+        )
+        assert (pages, rows) == (0, 0)  # what the planner now believes
+        await conn.execute(f"PREPARE probe AS {statement.sql}")
+        # EXECUTE takes no bind parameters: the arguments go in as literals
+        args = ", ".join(_literal(v) for v in statement.args(params))
+        explain = f"EXPLAIN (FORMAT JSON) EXECUTE probe({args})"
+        for _ in range(6):
+            await conn.fetchval(explain)
+        await conn.execute(
+            """
+            INSERT INTO messages (queue_id, message_id, exchange, routing_key, body, status,
+                                  delivery_tag, lease_expires_at, owner_connection)
+            SELECT $1, 'm' || g, '', 'k', '\\x00',
+                   CASE WHEN g % 10 = 0 THEN 'in_flight' ELSE 'ready' END,
+                   CASE WHEN g % 10 = 0 THEN g::text || '.t' END,
+                   CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END,
+                   CASE WHEN g % 10 = 0 THEN gen_random_uuid() END
+            FROM generate_series(1, 20000) AS g
+            """,
+            queue_id,
+        )
+        raw = await conn.fetchval(explain)
+        document = raw if isinstance(raw, list) else json.loads(raw)
+        plan = document[0]["Plan"]
+        assert _scans(list(_nodes(plan))), plan
+        assert not _unbounded(plan), (name, _unbounded(plan))
+    finally:
+        await conn.close()
