@@ -137,6 +137,14 @@ class Postgres:
         finally:
             await conn.close()
 
+    async def vacuum_messages(self) -> None:
+        """VACUUM the bench database's messages table (see Run.scenario)."""
+        conn = await asyncpg.connect(self.url, timeout=10)
+        try:
+            await conn.execute("VACUUM messages")
+        finally:
+            await conn.close()
+
     async def drop_stale(self, prefix: str) -> list[str]:
         """Drop ``<prefix><pid>`` databases whose harness process is gone (a killed run)."""
         conn = await asyncpg.connect(self.admin_url, timeout=10)
