@@ -311,3 +311,35 @@ async def test_a_plan_made_while_the_table_looked_empty_still_uses_an_index(
         assert not _unbounded(plan), (name, _unbounded(plan))
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_hand_off_probes_its_queue_not_the_backlog_of_others(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """A publish that may hand off asks whether its queue has a due ready message: one probe
+    of ix_messages_claim, not a read of the other queues' backlog (written as EXISTS, it was
+    planned as a sequential scan expected to stop at its first row)."""
+    idle = await conn.fetchval("INSERT INTO queues (name) VALUES ('idle') RETURNING id")
+    owner = str(uuid.uuid4())
+    params = {
+        "receipt": str(uuid.uuid4()),
+        "copy_msg": [1],
+        "copy_queue": [idle],
+        "copy_owner": [owner],
+        "copy_lease": [30.0],
+        "exchange": [""],
+        "message_id": ["m"],
+        "routing_key": ["k"],
+        "headers": ["{}"],
+        "properties": ["{}"],
+        "body": [b"1"],
+        "is_binary": [False],
+        "delay_ms": [0],
+        "process_id": owner,
+    }
+    async with conn.transaction():  # EXPLAIN only; nothing is inserted
+        nodes = await _plan(conn, messages._INSERT_COPIES_HANDING_OFF, params, mode)
+    reads = [n for n in nodes if n.get("Relation Name") == "messages" and n.get("Index Name")]
+    assert [n["Index Name"] for n in reads] == ["ix_messages_claim"], nodes
+    assert not _unbounded(nodes[0]), _unbounded(nodes[0])
