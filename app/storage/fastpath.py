@@ -120,7 +120,13 @@ def constraint_name(exc: BaseException) -> str | None:
 
 
 class HotPath:
-    """A small asyncpg pool, opened on first use."""
+    """Small asyncpg pools, opened on first use: one for the hot path's statements, and a
+    smaller one for those that may keep generic plans (``connection(stable=True)``,
+    storage/planner.py)."""
+
+    #: connections of the stable pool: only the publisher's group writer, one write at a time
+    #: per process, uses it
+    STABLE_SIZE = 2
 
     def __init__(
         self,
@@ -135,20 +141,22 @@ class HotPath:
         self.size = size
         self.connect_timeout = connect_timeout
         self.acquire_timeout = acquire_timeout
-        self.server_settings = {"application_name": "messagex", **planner.SETTINGS}
+        self.server_settings = {"application_name": "messagex"}
         if statement_timeout_ms:
             self.server_settings["statement_timeout"] = str(statement_timeout_ms)
-        self._pool: asyncpg.Pool | None = None
+        self._pools: dict[bool, asyncpg.Pool] = {}
         self._opening = asyncio.Lock()
 
-    async def _get_pool(self) -> asyncpg.Pool:
-        if self._pool is None:
+    async def _get_pool(self, stable: bool) -> asyncpg.Pool:
+        pool = self._pools.get(stable)
+        if pool is None:
             async with self._opening:
-                if self._pool is None:
-                    self._pool = await asyncpg.create_pool(
+                pool = self._pools.get(stable)
+                if pool is None:
+                    pool = self._pools[stable] = await asyncpg.create_pool(
                         self.dsn,
                         min_size=0,
-                        max_size=self.size,
+                        max_size=self.STABLE_SIZE if stable else self.size,
                         timeout=self.connect_timeout,
                         command_timeout=None,
                         init=_init_connection,
@@ -156,16 +164,21 @@ class HotPath:
                         # open, so the default reset (one more round trip per release) is
                         # pure cost.
                         reset=_no_reset,
-                        server_settings=self.server_settings,
+                        server_settings={
+                            **self.server_settings,
+                            **(planner.STABLE if stable else planner.SETTINGS),
+                        },
                     )
-        return self._pool
+        return pool
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def connection(self, *, stable: bool = False) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection; driver failures become Unavailable (503) or InternalError
-        (500, logged by SQLSTATE and constraint only, never with SQL or data)."""
+        (500, logged by SQLSTATE and constraint only, never with SQL or data). ``stable``:
+        for a statement whose every plan is safe (it reads nothing of messages), which may
+        keep a generic plan (storage/planner.py)."""
         try:
-            pool = await self._get_pool()
+            pool = await self._get_pool(stable)
             async with pool.acquire(timeout=self.acquire_timeout) as conn:
                 yield conn
         except BrokerError:
@@ -196,6 +209,6 @@ class HotPath:
             return await conn.fetchval(stmt.sql, *stmt.args(params))
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
             await pool.close()

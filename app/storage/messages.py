@@ -293,7 +293,8 @@ async def insert_copies(
         params["copy_lease"] = [o[1] if o else None for o in handoff.owners]
     sent = False
     try:
-        async with hot.connection() as conn:
+        # without a hand-off the INSERT reads nothing of messages: it keeps a generic plan
+        async with hot.connection(stable=handoff is None) as conn:
             try:
                 sent = True
                 if handoff is None:

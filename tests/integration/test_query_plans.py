@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from app.storage import deliveries, messages, planner
-from app.storage.fastpath import Statement
+from app.storage.fastpath import HotPath, Statement
 from tests.support import asyncpg_dsn
 
 BACKLOG = 50_000
@@ -343,3 +343,37 @@ async def test_the_hand_off_probes_its_queue_not_the_backlog_of_others(
     reads = [n for n in nodes if n.get("Relation Name") == "messages" and n.get("Index Name")]
     assert [n["Index Name"] for n in reads] == ["ix_messages_claim"], nodes
     assert not _unbounded(nodes[0]), _unbounded(nodes[0])
+
+
+async def test_the_plain_publish_reads_nothing_of_messages(conn: asyncpg.Connection) -> None:
+    """Why the publish INSERT without a hand-off may keep a generic plan (its connections
+    are HotPath's stable pool): no plan of it reads the messages table."""
+    busy = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    params = {
+        "receipt": str(uuid.uuid4()),
+        "copy_msg": [1, 2],
+        "copy_queue": [busy, busy],
+        "exchange": ["", ""],
+        "message_id": ["a", "b"],
+        "routing_key": ["k", "k"],
+        "headers": ["{}", "{}"],
+        "properties": ["{}", "{}"],
+        "body": [b"1", b"2"],
+        "is_binary": [False, False],
+        "delay_ms": [0, 0],
+    }
+    for mode in MODES:
+        async with conn.transaction():
+            nodes = await _plan(conn, messages._INSERT_COPIES, params, mode)
+        assert _scans(nodes) == [], nodes
+
+
+async def test_each_hot_path_pool_has_its_planner_settings(database_url: str) -> None:
+    hot = HotPath(asyncpg_dsn(database_url))
+    try:
+        async with hot.connection() as c:
+            assert await c.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+        async with hot.connection(stable=True) as c:
+            assert await c.fetchval("SHOW plan_cache_mode") == "auto"
+    finally:
+        await hot.close()
