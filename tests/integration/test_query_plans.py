@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -164,11 +164,35 @@ async def test_a_pull_ack_and_a_nack_find_their_row_by_primary_key(
 # -- plans made while the table looked empty (app/storage/planner.py) -----------------------
 
 _OWNER = str(uuid.uuid4())
-#: statement and its parameters (the queue id is filled in)
-_AFTER_EMPTY: dict[str, tuple[Statement, dict[str, Any]]] = {
+
+
+def _publish(queue_id: int, owner: str | None = None) -> dict[str, Any]:
+    """Parameters of a one-message publish to ``queue_id``; with ``owner``, for the
+    INSERT that hands the copy off to that connection."""
+    params: dict[str, Any] = {
+        "receipt": str(uuid.uuid4()),
+        "copy_msg": [1],
+        "copy_queue": [queue_id],
+        "exchange": [""],
+        "message_id": ["m"],
+        "routing_key": ["k"],
+        "headers": ["{}"],
+        "properties": ["{}"],
+        "body": [b"1"],
+        "is_binary": [False],
+        "delay_ms": [0],
+    }
+    if owner is not None:
+        params.update(process_id=owner, copy_owner=[owner], copy_lease=[30.0])
+    return params
+
+
+#: statement, and its parameters for a queue id
+_AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
     "claim": (
         deliveries._CLAIM,
-        {
+        lambda q: {
+            "queue_id": q,
             "n": 100,
             "lease_seconds": 30.0,
             "process_id": _OWNER,
@@ -176,38 +200,38 @@ _AFTER_EMPTY: dict[str, tuple[Statement, dict[str, Any]]] = {
             "owner_user": None,
         },
     ),
-    "next due": (deliveries._NEXT_DUE, {}),
-    "ack": (deliveries._ACK_MANY, {"ids": [1, 2], "tags": ["1.a", "2.b"], "owners": [_OWNER] * 2}),
-    "pull ack": (deliveries._ACK_PULL_MANY, {"ids": [1], "tags": ["1.a"], "owner_user": "u"}),
+    "next due": (deliveries._NEXT_DUE, lambda q: {"queue_id": q}),
+    "ack": (
+        deliveries._ACK_MANY,
+        lambda q: {"ids": [1, 2], "tags": ["1.a", "2.b"], "owners": [_OWNER] * 2},
+    ),
+    "pull ack": (
+        deliveries._ACK_PULL_MANY,
+        lambda q: {"ids": [1], "tags": ["1.a"], "owner_user": "u"},
+    ),
     "publish handing off": (
         messages._INSERT_COPIES_HANDING_OFF,
-        {
-            "receipt": str(uuid.uuid4()),
-            "copy_msg": [1],
-            "exchange": [""],
-            "message_id": ["m"],
-            "routing_key": ["k"],
-            "headers": ["{}"],
-            "properties": ["{}"],
-            "body": [b"1"],
-            "is_binary": [False],
-            "delay_ms": [0],
-            "process_id": _OWNER,
-            "copy_owner": [_OWNER],
-            "copy_lease": [30.0],
-        },
+        lambda q: _publish(q, _OWNER),
     ),
     "nack": (
         Statement(deliveries.LOCK_BY_TAG),
-        {"id": 1, "tag": "1.a", "owner_connection": _OWNER, "owner_user": None},
+        lambda q: {"id": 1, "tag": "1.a", "owner_connection": _OWNER, "owner_user": None},
     ),
-    "ack timeouts": (Statement(deliveries.LOCK_EXPIRED), {"n": 100}),
-    "release a connection": (Statement(deliveries.LOCK_OWNED_BY_CONNECTIONS), {"owners": [_OWNER]}),
-    "release a process": (Statement(deliveries.LOCK_OWNED_BY_PROCESSES), {"processes": [_OWNER]}),
-    "reconcile": (Statement(deliveries.STILL_IN_FLIGHT), {"owners": [_OWNER]}),
-    "resubscribe": (Statement(deliveries.OWNED_TAGS), {"owner": _OWNER}),
+    "ack timeouts": (Statement(deliveries.LOCK_EXPIRED), lambda q: {"n": 100}),
+    "release a connection": (
+        Statement(deliveries.LOCK_OWNED_BY_CONNECTIONS),
+        lambda q: {"owners": [_OWNER]},
+    ),
+    "release a process": (
+        Statement(deliveries.LOCK_OWNED_BY_PROCESSES),
+        lambda q: {"processes": [_OWNER]},
+    ),
+    "reconcile": (Statement(deliveries.STILL_IN_FLIGHT), lambda q: {"owners": [_OWNER]}),
+    "resubscribe": (
+        Statement(deliveries.OWNED_TAGS),
+        lambda q: {"owner": _OWNER, "queue_id": q},
+    ),
 }
-_QUEUE_PARAMS = {"claim": "queue_id", "next due": "queue_id", "resubscribe": "queue_id"}
 
 
 #: the column each index of messages must be searched by for a read not to grow with the
@@ -272,14 +296,11 @@ async def test_a_plan_made_while_the_table_looked_empty_still_uses_an_index(
     settings, the plan is made six times while the table looks empty (after five, PostgreSQL
     may keep a generic one), then the table fills up, and the plan must not read it from end
     to end."""
-    statement, params = _AFTER_EMPTY[name]
+    statement, params_for = _AFTER_EMPTY[name]
     conn = await asyncpg.connect(asyncpg_dsn(database_url), server_settings=planner.SETTINGS)
     try:
         queue_id = await conn.fetchval("INSERT INTO queues (name) VALUES ('q') RETURNING id")
-        params = {**params, _QUEUE_PARAMS.get(name, "copy_queue"): queue_id}
-        if name not in _QUEUE_PARAMS:
-            params["copy_queue"] = [queue_id]
-        params = {k: v for k, v in params.items() if k in statement.names}
+        params = params_for(queue_id)
         await conn.execute("VACUUM messages")
         pages, rows = await conn.fetchrow(
             "SELECT relpages, reltuples FROM pg_class WHERE relname = 'messages'"
@@ -321,23 +342,7 @@ async def test_the_hand_off_probes_its_queue_not_the_backlog_of_others(
     of ix_messages_claim, not a read of the other queues' backlog (written as EXISTS, it was
     planned as a sequential scan expected to stop at its first row)."""
     idle = await conn.fetchval("INSERT INTO queues (name) VALUES ('idle') RETURNING id")
-    owner = str(uuid.uuid4())
-    params = {
-        "receipt": str(uuid.uuid4()),
-        "copy_msg": [1],
-        "copy_queue": [idle],
-        "copy_owner": [owner],
-        "copy_lease": [30.0],
-        "exchange": [""],
-        "message_id": ["m"],
-        "routing_key": ["k"],
-        "headers": ["{}"],
-        "properties": ["{}"],
-        "body": [b"1"],
-        "is_binary": [False],
-        "delay_ms": [0],
-        "process_id": owner,
-    }
+    params = _publish(idle, str(uuid.uuid4()))
     async with conn.transaction():  # EXPLAIN only; nothing is inserted
         nodes = await _plan(conn, messages._INSERT_COPIES_HANDING_OFF, params, mode)
     reads = [n for n in nodes if n.get("Relation Name") == "messages" and n.get("Index Name")]
@@ -349,19 +354,7 @@ async def test_the_plain_publish_reads_nothing_of_messages(conn: asyncpg.Connect
     """Why the publish INSERT without a hand-off may keep a generic plan (its connections
     are HotPath's stable pool): no plan of it reads the messages table."""
     busy = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
-    params = {
-        "receipt": str(uuid.uuid4()),
-        "copy_msg": [1, 2],
-        "copy_queue": [busy, busy],
-        "exchange": ["", ""],
-        "message_id": ["a", "b"],
-        "routing_key": ["k", "k"],
-        "headers": ["{}", "{}"],
-        "properties": ["{}", "{}"],
-        "body": [b"1", b"2"],
-        "is_binary": [False, False],
-        "delay_ms": [0, 0],
-    }
+    params = _publish(busy)
     for mode in MODES:
         async with conn.transaction():
             nodes = await _plan(conn, messages._INSERT_COPIES, params, mode)
