@@ -30,8 +30,8 @@ from bench.infra import (
     BrokerProcess,
     Meters,
     Postgres,
+    PostgresSampler,
     beam_sample,
-    postgres_sample,
     self_sample,
     tree_sample,
 )
@@ -215,7 +215,7 @@ class Run:
             samplers["broker"] = lambda: tree_sample(pid)
         if self.pg is not None and self.pg.info.get("postmaster_pid"):
             postmaster, dbname = self.pg.info["postmaster_pid"], self.pg.dbname
-            samplers["postgres"] = lambda: postgres_sample(postmaster, dbname)
+            samplers["postgres"] = PostgresSampler(postmaster, dbname)
         samplers["client"] = self_sample
         return Meters(samplers)
 
