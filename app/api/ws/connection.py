@@ -146,7 +146,7 @@ class WsConnection:
         self._bad_frames: deque[float] = deque()
         self._ops: set[asyncio.Future[Any]] = set()
         self._ops_room = asyncio.Event()  # set when an op finished (room for another)
-        self._acks: list[tuple[frames.AckFrame, str | int | None]] = []  # read, not yet settling
+        self._acks: list[tuple[frames.Ack, str | int | None]] = []  # read, not yet settling
         self.client = ws.client.host if ws.client else None
 
     # -- Outlet (what the broker calls) -----------------------------------------------------
@@ -336,7 +336,9 @@ class WsConnection:
 
     # -- frames -----------------------------------------------------------------------------
 
-    def _frame_of(self, data: str | bytes) -> tuple[frames.Frame, str | int | None]:
+    def _frame_of(
+        self, data: str | bytes
+    ) -> tuple[frames.Frame | frames.PlainAck, str | int | None]:
         if isinstance(data, bytes):
             raise BadFrame("frames are JSON text frames, not binary")
         return frames.parse(data)
@@ -359,8 +361,10 @@ class WsConnection:
             return
         await self._handle(frame, frame_id)
 
-    async def _handle(self, frame: frames.Frame, frame_id: str | int | None) -> None:
-        if isinstance(frame, frames.AckFrame):
+    async def _handle(
+        self, frame: frames.Frame | frames.PlainAck, frame_id: str | int | None
+    ) -> None:
+        if isinstance(frame, frames.PlainAck | frames.AckFrame):
             if len(self._ops) >= MAX_INFLIGHT_OPS:
                 await self._wait_for_room()
             self._queue_ack(frame, frame_id)
@@ -383,7 +387,7 @@ class WsConnection:
         self._ops.add(op)
         op.add_done_callback(self._op_done)
 
-    def _queue_ack(self, frame: frames.AckFrame, frame_id: str | int | None) -> None:
+    def _queue_ack(self, frame: frames.Ack, frame_id: str | int | None) -> None:
         """The frame a busy consumer sends per message. The ACK frames read in one turn of the
         event loop (a burst from one socket read) are settled together, by one call of the
         engine and a callback on the batched ack's future: no task, future and callbacks per
@@ -401,7 +405,7 @@ class WsConnection:
 
     def _acked_batch(
         self,
-        batch: list[tuple[frames.AckFrame, str | int | None]],
+        batch: list[tuple[frames.Ack, str | int | None]],
         queue_ids: list[int | None],
         exc: BaseException | None,
     ) -> None:
@@ -434,7 +438,7 @@ class WsConnection:
 
     def _acked(
         self,
-        frame: frames.AckFrame,
+        frame: frames.Ack,
         frame_id: str | int | None,
         unknown: list[str],
         exc: BaseException | None,

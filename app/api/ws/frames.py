@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
 
 from app import jsonexact
-from app.api.schemas.common import MAX_ACK_TAGS, DeliveryTag, Name, StrictModel
+from app.api.schemas.common import MAX_ACK_TAGS, MAX_TAG, DeliveryTag, Name, StrictModel
 from app.api.schemas.messages import PublishBody
 from app.errors import BadFrame
 
@@ -67,6 +68,25 @@ class AckFrame(_Frame):
         return [self.delivery_tag]
 
 
+class PlainAck:
+    """``{"type": "ACK", "delivery_tag": "..."}`` and nothing else: what a consumer that acks
+    every delivery sends per message, read without the models (``parse``). It answers what
+    the connection asks of an AckFrame; it carries no ``id``, so no ``ACKED`` is owed."""
+
+    __slots__ = ("delivery_tag",)
+    delivery_tags: None = None
+
+    def __init__(self, delivery_tag: str) -> None:
+        self.delivery_tag = delivery_tag
+
+    @property
+    def tags(self) -> list[str]:
+        return [self.delivery_tag]
+
+
+Ack = AckFrame | PlainAck
+
+
 class NackFrame(_Frame):
     type: Literal["NACK"]
     delivery_tag: DeliveryTag
@@ -110,8 +130,31 @@ def frame_id_of(raw: Any) -> str | int | None:
     return None
 
 
-def parse(text: str | bytes) -> tuple[Frame, str | int | None]:
-    """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one)."""
+# A plain ACK, in any JSON whitespace; the tag is 1 to MAX_TAG characters of a JSON string
+# without escapes (so its text is its value), exactly what the models accept for it.
+_WS = r"[ \t\n\r]*"
+_PLAIN_ACK = re.compile(
+    rf'{_WS}\{{{_WS}"type"{_WS}:{_WS}"ACK"{_WS},{_WS}"delivery_tag"{_WS}:{_WS}'
+    rf'"([^"\\\x00-\x1f]{{1,{MAX_TAG}}})"{_WS}\}}{_WS}'
+)
+
+
+def parse(text: str | bytes) -> tuple[Frame | PlainAck, str | int | None]:
+    """Parse one text frame. Raises BadFrame (with the frame's id when it had a valid one).
+
+    The plain ACK a consumer sends per message is matched first, without the models: one
+    regular expression instead of a JSON parse and a validation, 6.4 → 1 µs per frame
+    (docs/performance.md, round 8); any other form of it, and every other frame, goes
+    through the models."""
+    if type(text) is str:
+        plain = _PLAIN_ACK.fullmatch(text)
+        if plain is not None:
+            return PlainAck(plain.group(1)), None
+    return parse_with_models(text)
+
+
+def parse_with_models(text: str | bytes) -> tuple[Frame, str | int | None]:
+    """``parse`` without the plain-ACK shortcut."""
     try:
         # strict (no NaN); integers past 64 bits stay exact, as on REST
         raw = jsonexact.loads(text, strict=True)
