@@ -271,7 +271,8 @@ class AuthService:
         cached = self.cache.get(key)
         if (
             cached is not None
-            and not self._locally_locked(_limits(username, client_host))
+            # the keys are only worked out when something is locked (not per request)
+            and not (self._locked and self._locally_locked(_limits(username, client_host)))
             and self._from_allowed_host(cached, client_host)
         ):
             return cached
