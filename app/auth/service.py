@@ -271,8 +271,7 @@ class AuthService:
         cached = self.cache.get(key)
         if (
             cached is not None
-            # the keys are only worked out when something is locked (not per request)
-            and not (self._locked and self._locally_locked(_limits(username, client_host)))
+            and not self._locally_locked(username, client_host)
             and self._from_allowed_host(cached, client_host)
         ):
             return cached
@@ -399,13 +398,15 @@ class AuthService:
             if key.startswith("user:"):
                 self.cache.drop_user(key.removeprefix("user:"))
 
-    def _locally_locked(self, limits: Mapping[str, int]) -> bool:
+    def _locally_locked(self, username: str, client_host: str | None) -> bool:
+        """Whether a lockout remembered here covers this user or address. The keys are only
+        worked out while something is locked: not on every cached request."""
         if not self._locked:
             return False
         now = time.monotonic()
         for key in [k for k, until in self._locked.items() if until <= now]:
             del self._locked[key]
-        return any(key in self._locked for key in limits)
+        return any(key in self._locked for key in _limits(username, client_host))
 
     # --- sessions -------------------------------------------------------------------------
 
