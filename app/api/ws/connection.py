@@ -364,7 +364,7 @@ class WsConnection:
     async def _handle(
         self, frame: frames.Frame | frames.PlainAck, frame_id: str | int | None
     ) -> None:
-        if isinstance(frame, frames.PlainAck | frames.AckFrame):
+        if isinstance(frame, frames.Ack):
             if len(self._ops) >= MAX_INFLIGHT_OPS:
                 await self._wait_for_room()
             self._queue_ack(frame, frame_id)
