@@ -441,7 +441,7 @@ class Run:
             else None,
             "rabbitmq": {"url_host": "127.0.0.1", "skipped": self.rabbit_skipped},
             "cpu_accounting": (
-                "CPU seconds (user+system, /proc/<pid>/stat via psutil) per 1,000 messages, "
+                "CPU seconds (user+system, from /proc/<pid>/stat) per 1,000 messages, "
                 "sampled before and after each scenario. broker: the messagex serve process "
                 "tree. postgres: backends of the bench database plus the shared background "
                 "processes (checkpointer, WAL writer, autovacuum, ...). rabbitmq: beam.smp. "

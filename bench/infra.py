@@ -482,8 +482,8 @@ class Meters:
         names = [n for n in self.samplers if n in self.polled]
         while True:
             await asyncio.sleep(self.poll_s)
-            # In a thread: reading /proc for every PostgreSQL process takes milliseconds, which
-            # on the event loop would land in the latencies the scenario is measuring.
+            # In a thread: a reading takes ~0.4 ms (PostgresSampler), which on the event loop
+            # would land in the latencies the scenario is measuring.
             await asyncio.to_thread(self._read, names)
 
     def stop(self) -> None:
