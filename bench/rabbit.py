@@ -62,6 +62,7 @@ class Rabbit:
     def __init__(self, url: str) -> None:
         self.url = url
         self.connections: list[Any] = []
+        self.batchers: list[AckBatcher[Any]] = []
 
     async def connect(self) -> Any:
         import aio_pika
@@ -100,6 +101,8 @@ class Rabbit:
             await group[-1].ack(multiple=True)  # every earlier delivery on this channel too
 
         batcher = AckBatcher(ack_group, ack_up_to) if ack_group is not None else None
+        if batcher is not None:
+            self.batchers.append(batcher)
 
         async def on_message(message: Any) -> None:
             sink.record_body(message.body, now_ns())
@@ -133,12 +136,16 @@ class Rabbit:
         finally:
             await channel.close()
 
-
-async def _settle(channels: list[Any]) -> None:
-    """Closing a channel flushes its acks to the broker (frames on a channel are ordered)."""
-    for channel in channels:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(channel.close(), 10)
+    async def settle(self, channels: list[Any]) -> None:
+        """Send the consumers' last grouped acks, then close ``channels``: closing a channel
+        flushes its acks to the broker (frames on a channel are ordered). An ack sent after
+        its channel's close would be a protocol error that closes the whole connection."""
+        for batcher in self.batchers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(batcher.drain(), 10)
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), 10)
 
 
 async def throughput(s: Settings, mode: str, prefetch: int, ack: str = "each") -> Result:
@@ -166,7 +173,7 @@ async def throughput(s: Settings, mode: str, prefetch: int, ack: str = "each") -
             for seqs in shares(s.count, s.publishers)
         ]
         status = await race(sink.done, tasks, s.deadline)
-        await _settle(channels)
+        await rabbit.settle(channels)
         s.meters.stop()
         result = throughput_result("rabbitmq", name, params, sink, started, status)
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
@@ -204,7 +211,7 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
         tasks = [publisher]
         status = await race(sink.done, tasks, s.deadline + count * interval)
         confirms = publisher.result() if publisher.done() and not publisher.cancelled() else []
-        await _settle([consumer, channel])
+        await rabbit.settle([consumer, channel])
         s.meters.stop()
         name = "rabbitmq idle 1 msg/10 ms"
         result = throughput_result("idle", name, params, sink, started, status)

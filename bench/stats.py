@@ -149,6 +149,13 @@ class AckBatcher(Generic[T]):
             if sent is not None:
                 await sent
 
+    async def drain(self) -> None:
+        """Send what is pending now and wait for every send already started, so nothing is
+        sent after this returns (a consumer's channel or socket may be closed next)."""
+        await self.flush()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _on_timer(self) -> None:
         self._timer = None
         task = asyncio.ensure_future(self.flush())
