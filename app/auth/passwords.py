@@ -67,7 +67,3 @@ class Passwords:
                 if self._dummy is None:
                     self._dummy = await self.hash(secrets.token_urlsafe(16))
         return self._dummy
-
-    async def warm_up(self) -> None:
-        """Compute the dummy hash now rather than on the first failed login."""
-        await self._dummy_hash()

@@ -64,14 +64,6 @@ class Exchange:
     def builtin(self) -> bool:
         return self.name in BUILTIN_EXCHANGES
 
-    def same_properties(self, other: Exchange) -> bool:
-        return (self.type, self.durable, self.auto_delete, self.arguments) == (
-            other.type,
-            other.durable,
-            other.auto_delete,
-            other.arguments,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Queue:
@@ -81,21 +73,6 @@ class Queue:
     dead_letter_queue: str | None = None
     ack_timeout_seconds: int | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
-
-    def same_properties(self, other: Queue) -> bool:
-        return (
-            self.durable,
-            self.max_delivery_count,
-            self.dead_letter_queue,
-            self.ack_timeout_seconds,
-            self.arguments,
-        ) == (
-            other.durable,
-            other.max_delivery_count,
-            other.dead_letter_queue,
-            other.ack_timeout_seconds,
-            other.arguments,
-        )
 
 
 @dataclass(frozen=True, slots=True)

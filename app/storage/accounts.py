@@ -13,17 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    Integer,
     Interval,
     LargeBinary,
-    and_,
     case,
-    cast,
     delete,
-    extract,
     func,
     literal,
-    or_,
     select,
     text,
     update,
@@ -78,30 +73,6 @@ def _account(row: Any) -> Account:
 
 def _window(seconds: int) -> ColumnElement[timedelta]:
     return literal(timedelta(seconds=seconds), Interval)
-
-
-def _limited(limits: Mapping[str, int], window_seconds: int) -> Any:
-    """One row: the longest time left among the keys that reached their limit (or NULL), and
-    those keys.
-
-    A key is locked while its fixed window (from its first counted failure) is open and its
-    failure count has reached the key's limit.
-    """
-    window_end = auth_failures.c.window_start + _window(window_seconds)
-    over = [
-        and_(auth_failures.c.key == key, auth_failures.c.failures >= limit)
-        for key, limit in limits.items()
-    ] or [literal(False)]
-    return (
-        select(
-            cast(func.max(func.ceil(extract("epoch", window_end - func.now()))), Integer).label(
-                "retry_after"
-            ),
-            func.array_agg(auth_failures.c.key).label("locked"),
-        )
-        .where(or_(*over), window_end > func.now())
-        .subquery("limited")
-    )
 
 
 _USER_COLUMNS = (

@@ -445,14 +445,6 @@ async def queue_by_name(conn: AsyncConnection, name: str) -> tuple[int, int | No
     return None if row is None else (int(row[0]), row[1])
 
 
-QUEUE_NAMES = text("SELECT id, name FROM queues WHERE id = ANY(CAST(:ids AS bigint[]))")
-
-
-async def queue_names(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
-    rows = (await conn.execute(QUEUE_NAMES, {"ids": list(ids)})).all()
-    return {int(r[0]): str(r[1]) for r in rows}
-
-
 # -- presence: broker processes and their live subscriptions --------------------------------
 
 REGISTER_PROCESS = text("""
