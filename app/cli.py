@@ -39,7 +39,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     from app.storage import migrations
-    from app.storage.database import EmbeddedPostgres, create_engine, redacted
+    from app.storage.database import EmbeddedPostgres, create_engine
+    from app.storage.dsn import redacted
 
     async def run() -> None:
         embedded = None

@@ -9,6 +9,8 @@ import platformdirs
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.storage import dsn
+
 MiB = 1024 * 1024
 
 
@@ -70,10 +72,7 @@ class Settings(BaseSettings):
         if value in (None, ""):
             return None
         assert value is not None
-        scheme = value.split("://", 1)[0]
-        if scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
-            raise ValueError("must start with postgresql:// or postgresql+asyncpg://")
-        return value
+        return dsn.check(value)
 
     @field_validator("log_level")
     @classmethod
@@ -86,14 +85,6 @@ class Settings(BaseSettings):
     def ws_max_frame_bytes(self) -> int:
         """Largest inbound WebSocket frame: a maximal message as base64 plus its envelope."""
         return self.max_message_bytes * 4 // 3 + 64 * 1024
-
-    @property
-    def async_database_url(self) -> str | None:
-        """``DATABASE_URL`` in the form SQLAlchemy's asyncpg dialect wants."""
-        if self.database_url is None:
-            return None
-        _, rest = self.database_url.split("://", 1)
-        return "postgresql+asyncpg://" + rest
 
 
 class SettingsError(Exception):

@@ -12,7 +12,8 @@ from fastapi import FastAPI
 from app.broker.services import build_services
 from app.config import Settings
 from app.storage import migrations
-from app.storage.database import Database, EmbeddedPostgres, create_engine, redacted
+from app.storage.database import Database, EmbeddedPostgres, create_engine
+from app.storage.dsn import redacted
 from app.storage.fastpath import HotPath
 
 log = logging.getLogger("messagex")

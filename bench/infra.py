@@ -29,6 +29,7 @@ import asyncpg
 import httpx
 import psutil  # type: ignore[import-untyped]
 
+from app.storage.dsn import asyncpg_dsn
 from bench.stats import BenchError
 
 log = logging.getLogger("bench")
@@ -88,10 +89,6 @@ def with_database(url: str, dbname: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
 
 
-def _plain(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
 @dataclass
 class Postgres:
     """The server the benchmark uses: the one it was given, or an embedded one."""
@@ -105,9 +102,9 @@ class Postgres:
     async def provide(cls, url: str) -> Postgres:
         ensure_loopback(url, "--database-url")
         try:
-            conn = await asyncpg.connect(_plain(url), timeout=3)
+            conn = await asyncpg.connect(asyncpg_dsn(url), timeout=3)
             await conn.close()
-            return cls(_plain(url))
+            return cls(asyncpg_dsn(url))
         except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
             print(
                 f"PostgreSQL at {urlsplit(url).hostname or 'socket'} not reachable "
@@ -122,7 +119,7 @@ class Postgres:
         except BaseException:
             shutil.rmtree(embedded.data_dir, ignore_errors=True)
             raise
-        return cls(_plain(uri), embedded=embedded)
+        return cls(asyncpg_dsn(uri), embedded=embedded)
 
     @property
     def url(self) -> str:

@@ -25,6 +25,7 @@ import uvicorn
 from app.config import Settings, load_settings
 from app.main import create_app
 from app.server import build_server
+from app.storage.dsn import asyncpg_dsn
 
 T = TypeVar("T")
 
@@ -71,10 +72,6 @@ def with_database(url: str, dbname: str) -> str:
     """``url`` pointed at another database (works for host/port and socket URLs alike)."""
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
-
-
-def asyncpg_dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
 async def _admin_sql(url: str, *statements: str) -> None:

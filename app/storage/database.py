@@ -6,24 +6,20 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.errors import BrokerError, InternalError, Unavailable
-from app.storage import planner
+from app.storage import dsn, planner
 from app.storage.fastpath import HotPath
 
 log = logging.getLogger("messagex.storage")
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 def create_engine(
@@ -41,7 +37,7 @@ def create_engine(
     if statement_timeout_ms:
         server_settings["statement_timeout"] = str(statement_timeout_ms)
     engine = create_async_engine(
-        to_async_url(url),
+        dsn.sqlalchemy_url(url),
         hide_parameters=True,  # message bodies and passwords never reach an error text
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -72,19 +68,6 @@ def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) ->
     raw = getattr(dbapi_connection, "_connection", None)  # the asyncpg connection
     if raw is not None and raw.is_closed():
         raise sa_exc.DisconnectionError("the server closed this pooled connection")
-
-
-def to_async_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgresql+asyncpg://`` alike."""
-    scheme, rest = url.split("://", 1)
-    if scheme in ("postgresql", "postgres", "postgresql+asyncpg"):
-        return "postgresql+asyncpg://" + rest
-    raise ValueError("DATABASE_URL must start with postgresql:// or postgresql+asyncpg://")
-
-
-def redacted(url: str) -> str:
-    """The URL with its password hidden, fit for a log line."""
-    return make_url(to_async_url(url)).render_as_string(hide_password=True)
 
 
 #: asyncpg errors without a SQLSTATE that mean the connection itself is gone or unusable.
@@ -201,11 +184,6 @@ class Database:
         async with guard(), self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
-
-    async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, *args)`` in one transaction."""
-        async with self.transaction() as conn:
-            return await fn(conn, *args, **kwargs)
 
     async def dispose(self) -> None:
         await self.hot.close()

@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import TextClause
 from app import jsonexact
 from app.errors import BrokerError, InternalError, Unavailable
 from app.storage import planner
+from app.storage.dsn import asyncpg_dsn
 
 log = logging.getLogger("messagex.storage")
 
@@ -137,7 +138,7 @@ class HotPath:
         acquire_timeout: float = 5.0,
         statement_timeout_ms: int = 30_000,
     ) -> None:
-        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.dsn = asyncpg_dsn(dsn)
         self.size = size
         self.connect_timeout = connect_timeout
         self.acquire_timeout = acquire_timeout

@@ -14,6 +14,8 @@ from typing import Any
 
 import asyncpg
 
+from app.storage.dsn import asyncpg_dsn
+
 log = logging.getLogger("messagex.listener")
 
 #: PostgreSQL caps a NOTIFY payload just under 8000 bytes.
@@ -31,7 +33,7 @@ class Listener:
         keepalive_seconds: float = 5.0,
         connect_timeout: float = 5.0,
     ) -> None:
-        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.dsn = asyncpg_dsn(dsn)
         self.channel = channel
         self.on_message = on_message
         self.on_connected = on_connected

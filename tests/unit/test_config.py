@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings, SettingsError, load_settings
+from app.storage.dsn import sqlalchemy_url
 
 MESSAGEX = Path(sys.executable).with_name("messagex")
 
@@ -51,7 +52,7 @@ def test_database_url_accepts_postgresql_schemes(
     monkeypatch.setenv("DATABASE_URL", url)
     s = load_settings()
     assert s.database_url == url
-    assert s.async_database_url == expected
+    assert sqlalchemy_url(s.database_url) == expected  # the form the engine is given
 
 
 @pytest.mark.parametrize("url", ["mysql://u:p@db/mx", "sqlite:///mx.db", "db:5432/mx"])
