@@ -1,4 +1,4 @@
-"""Engine factory, the embedded PostgreSQL, and where driver errors become domain errors."""
+"""Engine factory and the embedded PostgreSQL; driver errors are mapped by ``driver_errors``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from app.errors import BrokerError, InternalError, Unavailable
 from app.storage import dsn, planner
+from app.storage.driver_errors import guard
 from app.storage.fastpath import HotPath
-
-log = logging.getLogger("messagex.storage")
 
 
 def create_engine(
@@ -68,98 +66,6 @@ def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) ->
     raw = getattr(dbapi_connection, "_connection", None)  # the asyncpg connection
     if raw is not None and raw.is_closed():
         raise sa_exc.DisconnectionError("the server closed this pooled connection")
-
-
-#: asyncpg errors without a SQLSTATE that mean the connection itself is gone or unusable.
-_DRIVER_CONNECTION_ERRORS = frozenset(
-    {"ConnectionDoesNotExistError", "InterfaceError", "InternalClientError"}
-)
-
-#: SQLSTATE classes that mean "the database cannot serve us now", whatever the statement:
-#: 08 connection exception, 28 invalid authorization (only ever at connect), 53 insufficient
-#: resources (too many connections, disk full, out of memory), 57 operator intervention
-#: (admin/crash shutdown, cannot connect now, database dropped, query cancelled by timeout).
-_UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53", "57"})
-
-#: Single SQLSTATEs with the same meaning: 3D000 the database does not exist (dropped or not
-#: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover).
-_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006"})
-
-#: 55000 (object not in prerequisite state) means "database is not currently accepting
-#: connections" when it is raised while connecting (SQLAlchemy then has no statement).
-_CONNECT_ONLY_SQLSTATES = frozenset({"55000"})
-
-
-def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:
-    orig = getattr(exc, "orig", None)
-    cause = getattr(orig, "__cause__", None)
-    state = getattr(cause, "sqlstate", None) or getattr(orig, "sqlstate", None)
-    return state if isinstance(state, str) else None
-
-
-def _is_unavailable_dbapi_error(exc: sa_exc.DBAPIError) -> bool:
-    if exc.connection_invalidated:
-        return True
-    cause = getattr(getattr(exc, "orig", None), "__cause__", None)
-    if isinstance(cause, (OSError, TimeoutError, ConnectionError)):
-        return True
-    if type(cause).__name__ in _DRIVER_CONNECTION_ERRORS:
-        return True
-    state = _sqlstate(exc)
-    if state is None:
-        return False
-    if state[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or state in _UNAVAILABLE_SQLSTATES:
-        return True
-    return state in _CONNECT_ONLY_SQLSTATES and exc.statement is None
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """True when ``exc`` means the database could not be reached, the connection broke, or
-    the server refuses to serve us now: the request did nothing and may be retried (503).
-
-    Covers the pool (checkout timeout), the socket (refused, reset, timed out), a server that
-    terminated our sessions or refuses new ones (``ALTER DATABASE ... ALLOW_CONNECTIONS
-    false``, shutdown, too many connections), a dropped database, and statement timeouts.
-    """
-    if isinstance(exc, (OSError, TimeoutError, ConnectionError)):
-        return True
-    if isinstance(exc, (sa_exc.TimeoutError, sa_exc.DisconnectionError)):
-        return True
-    if isinstance(exc, sa_exc.DBAPIError):
-        return _is_unavailable_dbapi_error(exc)
-    return False
-
-
-def constraint_of(exc: BaseException) -> str | None:
-    """The name of the constraint an IntegrityError broke, if any."""
-    orig = getattr(exc, "orig", None)
-    cause = getattr(orig, "__cause__", None)
-    return getattr(cause, "constraint_name", None)
-
-
-@asynccontextmanager
-async def guard() -> AsyncIterator[None]:
-    """The storage edge: connection-level failures become ``Unavailable`` (503); any other
-    driver error becomes ``InternalError`` (500), logged by SQLSTATE and constraint only —
-    its text may carry SQL and message data, which belong in no response and no log line.
-    Domain errors raised inside pass through unchanged."""
-    try:
-        yield
-    except BrokerError:
-        raise
-    except Exception as exc:
-        if is_connection_error(exc):
-            log.warning("database unavailable: %s", type(exc).__name__)
-            raise Unavailable() from None
-        if isinstance(exc, sa_exc.SQLAlchemyError):
-            log.error(
-                "database error %s (sqlstate %s, constraint %s)",
-                type(getattr(getattr(exc, "orig", None), "__cause__", None) or exc).__name__,
-                _sqlstate(exc) if isinstance(exc, sa_exc.DBAPIError) else None,
-                constraint_of(exc),
-            )
-            raise InternalError() from None
-        raise
 
 
 class Database:

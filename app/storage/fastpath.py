@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,11 +22,9 @@ from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.sql.elements import TextClause
 
 from app import jsonexact
-from app.errors import BrokerError, InternalError, Unavailable
-from app.storage import planner
+from app.errors import BrokerError
+from app.storage import driver_errors, planner
 from app.storage.dsn import asyncpg_dsn
-
-log = logging.getLogger("messagex.storage")
 
 
 def _fast_array_checks() -> bool:
@@ -93,33 +90,6 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     return None
 
 
-#: asyncpg exceptions without a SQLSTATE that mean the connection is gone or unusable
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    ConnectionError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-)
-_UNAVAILABLE_CLASSES = frozenset({"08", "28", "53", "57"})
-_UNAVAILABLE_STATES = frozenset({"3D000", "25006", "55000"})
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return True
-    state = getattr(exc, "sqlstate", None)
-    return isinstance(state, str) and (
-        state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES
-    )
-
-
-def constraint_name(exc: BaseException) -> str | None:
-    name = getattr(exc, "constraint_name", None)
-    return name if isinstance(name, str) else None
-
-
 class HotPath:
     """Small asyncpg pools, opened on first use: one for the hot path's statements, and a
     smaller one for those that may keep generic plans (``connection(stable=True)``,
@@ -178,27 +148,19 @@ class HotPath:
         (500, logged by SQLSTATE and constraint only, never with SQL or data). ``stable``:
         for a statement whose every plan is safe (it reads nothing of messages), which may
         keep a generic plan (storage/planner.py)."""
+        connected = False
         try:
             pool = await self._get_pool(stable)
             async with pool.acquire(timeout=self.acquire_timeout) as conn:
+                connected = True
                 yield conn
         except BrokerError:
             raise  # domain errors, including those callers mapped from constraints
         except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError):
+            mapped = driver_errors.domain_error(exc, connecting=not connected)
+            if mapped is None:
                 raise
-            if is_unavailable(exc):
-                log.warning("database unavailable: %s", type(exc).__name__)
-                raise Unavailable() from None
-            if isinstance(exc, asyncpg.PostgresError):
-                log.error(
-                    "database error %s (sqlstate %s, constraint %s)",
-                    type(exc).__name__,
-                    exc.sqlstate,
-                    constraint_name(exc),
-                )
-                raise InternalError() from None
-            raise
+            raise mapped from None
 
     async def fetch(self, stmt: Statement, params: Mapping[str, Any]) -> Sequence[Any]:
         async with self.connection() as conn:

@@ -22,11 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
 from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
-from app.storage.database import constraint_of
 from app.storage.deliveries import NEW_TAG_SQL
-from app.storage.fastpath import HotPath, Statement, constraint_name
-
-_FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"
+from app.storage.driver_errors import FK_MESSAGES_QUEUE, constraint
+from app.storage.fastpath import HotPath, Statement
 
 
 class QueueDeleted(NotFound):
@@ -37,11 +35,11 @@ async def _run(
     conn: AsyncConnection, statement: TextClause, params: Mapping[str, Any]
 ) -> CursorResult[*tuple[Any, ...]]:
     """Execute one statement; a publish racing a queue deletion becomes QueueDeleted.
-    Every other driver error is mapped by ``storage.database.guard`` (503 or 500)."""
+    Every other driver error is mapped by ``driver_errors.guard`` (503 or 500)."""
     try:
         return await conn.execute(statement, params)
     except sa_exc.IntegrityError as exc:
-        if constraint_of(exc) == _FK_MESSAGES_QUEUE:
+        if constraint(exc) == FK_MESSAGES_QUEUE:
             raise QueueDeleted() from None
         raise
 
@@ -302,7 +300,7 @@ async def insert_copies(
                     return []
                 rows = await conn.fetch(statement.sql, *statement.args(params))
             except asyncpg.ForeignKeyViolationError as exc:
-                if constraint_name(exc) == _FK_MESSAGES_QUEUE:
+                if constraint(exc) == FK_MESSAGES_QUEUE:
                     raise QueueDeleted() from None
                 raise
     except Unavailable:

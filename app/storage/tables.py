@@ -1,7 +1,7 @@
 """Tables of the broker. alembic's ``target_metadata``; the migration test compares them.
 
 Names of constraints and indexes follow ``NAMING_CONVENTION`` so that driver errors can be
-mapped to domain errors by constraint name (see ``storage.database.constraint_of``).
+mapped to domain errors by constraint name (see ``storage.driver_errors``).
 """
 
 from __future__ import annotations

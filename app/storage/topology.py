@@ -43,13 +43,15 @@ from app.domain.model import (
 )
 from app.errors import NotFound, PreconditionFailed, ValidationFailed
 from app.storage import tables
-from app.storage.database import constraint_of
+from app.storage.driver_errors import (
+    FK_DEAD_LETTER_QUEUE,
+    PROGRAM_LIMIT_EXCEEDED,
+    constraint,
+    sqlstate,
+)
 
 #: A subscription counts as a consumer while its broker process heartbeated this recently.
 SUBSCRIBER_LIVENESS = timedelta(seconds=15)
-
-#: SQLSTATE program_limit_exceeded: e.g. an index row over the btree limit (~2.7 kB).
-_PROGRAM_LIMIT_EXCEEDED = "54000"
 
 #: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
 _DECLARE_ATTEMPTS = 5
@@ -80,11 +82,6 @@ def _json(value: dict[str, Any]) -> Any:
     """A bound JSONB parameter, so comparisons use jsonb equality (``1 = 1.0``, ``true != 1``),
     the same equality as the unique constraint on bindings."""
     return cast(literal(value, JSONB), JSONB)
-
-
-def _sqlstate(exc: DBAPIError) -> str | None:
-    state = getattr(getattr(exc.orig, "__cause__", None), "sqlstate", None)
-    return state if isinstance(state, str) else None
 
 
 def _locked(stmt: Any, lock: LockMode | None) -> Any:
@@ -269,7 +266,7 @@ async def declare_queue(conn: AsyncConnection, queue: Queue) -> Declared[Queue]:
         try:
             created = (await conn.execute(insert)).first()
         except IntegrityError as exc:
-            if constraint_of(exc) == "fk_queues_dead_letter_queue_id_queues":
+            if constraint(exc) == FK_DEAD_LETTER_QUEUE:
                 raise NotFound(f"dead-letter queue '{queue.dead_letter_queue}' not found") from None
             raise
         if created is not None:
@@ -409,7 +406,7 @@ async def delete_queue(
     try:
         await conn.execute(delete(_q).where(_q.c.id == queue_id))
     except IntegrityError as exc:  # the lock makes this unreachable; keep the 409 regardless
-        if constraint_of(exc) == "fk_queues_dead_letter_queue_id_queues":
+        if constraint(exc) == FK_DEAD_LETTER_QUEUE:
             raise PreconditionFailed(
                 f"queue '{name}' is another queue's dead-letter queue"
             ) from None
@@ -513,7 +510,7 @@ async def create_binding(
             new_id = (await conn.execute(insert)).scalar()
         except DBAPIError as exc:
             # The unique index holds key and arguments; PostgreSQL caps an index row's size.
-            if _sqlstate(exc) == _PROGRAM_LIMIT_EXCEEDED:
+            if sqlstate(exc) == PROGRAM_LIMIT_EXCEEDED:
                 raise ValidationFailed(
                     "the binding's arguments are too large",
                     errors=[
