@@ -66,8 +66,12 @@ class Statement:
         return [params[name] for name in self.names]
 
 
-def _encode_json(value: Any) -> str:
-    if isinstance(value, str):  # already JSON text (the callers serialize once)
+def jsonb_text(value: Any) -> str:
+    """The one encoder of json/jsonb parameters (the connections' codec, and the publish's
+    headers and properties): text passes as it is (already JSON: the callers serialize
+    once); the rest is written by orjson, or by the stdlib when orjson cannot (an integer
+    beyond 64 bits), so that what ``jsonexact.loads`` read is stored exactly."""
+    if isinstance(value, str):
         return value
     try:
         return orjson.dumps(value).decode()
@@ -82,7 +86,7 @@ def _decode_json(text: str) -> Any:
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for typename in ("json", "jsonb"):
         await conn.set_type_codec(
-            typename, encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
+            typename, encoder=jsonb_text, decoder=_decode_json, schema="pg_catalog"
         )
 
 

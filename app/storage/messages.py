@@ -7,14 +7,12 @@ carries a comment on its concurrency reasoning. Callers own the transactions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
-import orjson
 from sqlalchemy import CursorResult, TextClause, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -24,7 +22,7 @@ from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
 from app.storage.deliveries import NEW_TAG_SQL
 from app.storage.driver_errors import FK_MESSAGES_QUEUE, constraint
-from app.storage.fastpath import HotPath, Statement
+from app.storage.fastpath import HotPath, Statement, jsonb_text
 
 
 class QueueDeleted(NotFound):
@@ -217,14 +215,6 @@ async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
-def _json_text(value: Any) -> str:
-    """JSON text for a jsonb column; integers beyond 64 bits go through the stdlib."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 class PublishInDoubt(Exception):
     """The connection failed after the publish statement was sent: it may have committed.
     ``settle_in_doubt`` with the same receipt says which way it went."""
@@ -277,8 +267,8 @@ async def insert_copies(
         "exchange": [e for e, _ in messages],
         "message_id": [m.message_id for _, m in messages],
         "routing_key": [m.routing_key for _, m in messages],
-        "headers": [_json_text(m.headers) if m.headers else "{}" for _, m in messages],
-        "properties": [_json_text(m.properties) for _, m in messages],
+        "headers": [jsonb_text(m.headers) if m.headers else "{}" for _, m in messages],
+        "properties": [jsonb_text(m.properties) for _, m in messages],
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
