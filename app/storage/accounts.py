@@ -20,7 +20,6 @@ from sqlalchemy import (
     func,
     literal,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -28,7 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.domain.model import Permissions, Role, User
-from app.storage.fastpath import HotPath, Statement
+from app.storage import queries
+from app.storage.fastpath import HotPath
 from app.storage.tables import auth_failures, broker_users, management_sessions
 
 #: pg_advisory_xact_lock key serializing the bootstrap of the first user ("mxboot").
@@ -87,48 +87,6 @@ _USER_COLUMNS = (
 )
 
 
-# The rate-limit state of the request's keys (the longest time left among those that reached
-# their limit, and which) joined with the user or the live session, in ONE constant statement
-# on the hot path: it runs on every authenticated request that the Basic cache does not
-# answer. A key is locked while its fixed window (from its first counted failure) is open and
-# its failure count has reached the key's limit. The aggregate always yields exactly one row,
-# so a missing user or session still brings the rate-limit answer.
-_LIMITED = """
-WITH limited AS (
-    SELECT max(ceil(extract(epoch FROM f.window_start + make_interval(secs => :window)
-                                       - now())))::int AS retry_after,
-           array_agg(f.key) AS locked
-    FROM auth_failures AS f
-    JOIN unnest(CAST(:keys AS text[]), CAST(:limits AS int[])) AS k(key, lim) ON k.key = f.key
-    WHERE f.failures >= k.lim AND f.window_start + make_interval(secs => :window) > now()
-)
-"""
-_USER_SQL = """u.id, u.username, u.password_hash, u.role, u.perm_configure, u.perm_write,
-       u.perm_read, u.loopback_only"""
-
-LOOKUP_PASSWORD_USER = Statement(
-    text(
-        _LIMITED
-        + f"""
-SELECT l.retry_after, l.locked, {_USER_SQL}
-FROM limited AS l LEFT JOIN broker_users AS u ON u.username = CAST(:username AS text)
-"""
-    )
-)
-
-LOOKUP_SESSION = Statement(
-    text(
-        _LIMITED
-        + f"""
-SELECT l.retry_after, l.locked, s.token_digest, {_USER_SQL}
-FROM limited AS l
-LEFT JOIN (management_sessions AS s JOIN broker_users AS u ON u.id = s.user_id)
-       ON s.token_digest = :digest AND s.expires_at > now()
-"""
-    )
-)
-
-
 def _limit_params(limits: Mapping[str, int], window_seconds: int) -> dict[str, Any]:
     return {"keys": list(limits), "limits": list(limits.values()), "window": window_seconds}
 
@@ -152,7 +110,7 @@ async def lookup_password_user(
     ``username`` None skips the user (a name no user can have)."""
     params = _limit_params(limits, window_seconds)
     params["username"] = username
-    (row,) = await hot.fetch(LOOKUP_PASSWORD_USER, params)
+    (row,) = await hot.fetch(queries.LOOKUP_PASSWORD_USER, params)
     return AuthLookup(row[0], tuple(row[1] or ()), _hot_account(row, 2))
 
 
@@ -163,7 +121,7 @@ async def lookup_session(
     statement. Also returns the stored digest, for a constant-time comparison by the caller."""
     params = _limit_params(limits, window_seconds)
     params["digest"] = token_digest
-    (row,) = await hot.fetch(LOOKUP_SESSION, params)
+    (row,) = await hot.fetch(queries.LOOKUP_SESSION, params)
     found = AuthLookup(row[0], tuple(row[1] or ()), _hot_account(row, 3))
     return found, (bytes(row[2]) if row[2] is not None else None)
 

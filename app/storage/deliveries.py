@@ -1,7 +1,9 @@
 """Claim, settle and release: the delivery half of the hot path.
 
-Every statement here is built once at import (constant SQL, so asyncpg's prepared-statement
-cache hits) and commented with its concurrency reasoning. Callers own the transactions.
+The hot path's statements (claim, ack) are in ``storage.queries``; the retry path's row locks
+are here. Every statement is built once at import (constant SQL, so asyncpg's
+prepared-statement cache hits) and commented with its concurrency reasoning. Callers own the
+transactions.
 
 A delivery tag is ``"<message id>.<128 random bits in hex>"``: the id lets every settle look the
 row up by primary key (no index on the tag, so claims stay cheap), the random part makes a tag
@@ -21,63 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.model import Delivery
 from app.domain.retry import Outcome, decide, with_death
-from app.storage.fastpath import HotPath, Statement
+from app.storage import queries
+from app.storage.fastpath import HotPath
 
 # -- claim ----------------------------------------------------------------------------------
 
-#: A new delivery tag, from the row's id (SQL over a column ``id``); the claim and the
-#: publisher's direct hand-off (storage.messages) both make their tags with it.
-NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
-
-# Claim up to :n ready rows of one queue in (available_at, id) order, in ONE statement.
-# Headers and properties come back as JSON text, which the frame splices as it is: decoding
-# them into Python only to encode them again cost 3.5 µs per row (docs/performance.md).
-# FOR UPDATE SKIP LOCKED: concurrent claimers (other subscribers, other processes) each lock
-# distinct rows and never wait on each other, so no message is ever in flight twice. The
-# inner query walks ix_messages_claim (partial on ready rows). Row i of the claim goes to
-# owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
-# credit, so one round trip serves every local subscriber of the queue. Pull claims pass
-# NULL owners (the row then belongs to :owner_user).
-CLAIM = text(f"""
-WITH picked AS (
-    SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn
-    FROM (
-        SELECT id, available_at
-        FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= now()
-        ORDER BY available_at, id
-        LIMIT :n
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-)
-UPDATE messages AS m SET
-    status = 'in_flight',
-    delivery_count = m.delivery_count + 1,
-    delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
-    owner_process = CAST(:process_id AS uuid),
-    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
-WHERE m.id = p.id
-RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,
-          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
-""")
-
-# Seconds from the database's now() to the queue's next due ready message: <= 0 when one is
-# due, NULL when the queue has no ready rows. min() over ix_messages_claim is an index probe.
-NEXT_DUE = text("""
-SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
-FROM messages WHERE queue_id = :queue_id AND status = 'ready'
-""")
-
-
 Claimed = Delivery
-
-
-_CLAIM = Statement(CLAIM)
-_NEXT_DUE = Statement(NEXT_DUE)
 
 
 async def claim(
@@ -91,7 +42,7 @@ async def claim(
     owner_user: str | None,
 ) -> list[Claimed]:
     rows = await hot.fetch(
-        _CLAIM,
+        queries.CLAIM,
         {
             "queue_id": queue_id,
             "n": n,
@@ -105,42 +56,11 @@ async def claim(
 
 
 async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
-    value = await hot.fetchval(_NEXT_DUE, {"queue_id": queue_id})
+    value = await hot.fetchval(queries.NEXT_DUE, {"queue_id": queue_id})
     return None if value is None else float(value)
 
 
 # -- acknowledge ----------------------------------------------------------------------------
-
-# Acks that arrive together settle in one statement: the row must still be in flight with
-# exactly this tag and owned by this connection, so a double ack, another connection's tag or
-# a tag that timed out (and was re-claimed with a new tag, or requeued with none) deletes
-# nothing. Row locks make a concurrent sweep or release and this delete serialise: whichever
-# commits first wins, the other sees the changed row and skips it.
-# A set tag means in flight (ck_messages_in_flight_has_tag_and_lease), so these statements do
-# not name the status: with `status = 'in_flight'` the planner may walk the partial in-flight
-# index (ix_messages_owner) instead of the primary key, and that walk grows with the number of
-# deliveries in flight (tests/integration/test_query_plans.py).
-ACK_MANY = text("""
-DELETE FROM messages AS m
-USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[]), CAST(:owners AS uuid[]))
-      AS a(id, tag, owner)
-WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
-RETURNING m.delivery_tag, m.owner_connection::text, m.queue_id
-""")
-
-# Pulled deliveries of one user (POST /deliveries/{tag}/ack and POST /deliveries/ack): a pull
-# delivery belongs to the user that got it and to no connection; rows by primary key.
-ACK_PULL_MANY = text("""
-DELETE FROM messages AS m
-USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[])) AS a(id, tag)
-WHERE m.id = a.id AND m.delivery_tag = a.tag
-  AND m.owner_connection IS NULL AND m.owner_user = :owner_user
-RETURNING m.delivery_tag
-""")
-
-
-_ACK_MANY = Statement(ACK_MANY)
-_ACK_PULL_MANY = Statement(ACK_PULL_MANY)
 
 
 async def ack_many(
@@ -152,7 +72,7 @@ async def ack_many(
     if not items:
         return {}
     rows = await hot.fetch(
-        _ACK_MANY,
+        queries.ACK_MANY,
         {
             "ids": [i[0] for i in items],
             "tags": [i[1] for i in items],
@@ -169,7 +89,7 @@ async def ack_pull_many(
     if not items:
         return set()
     rows = await hot.fetch(
-        _ACK_PULL_MANY,
+        queries.ACK_PULL_MANY,
         {"ids": [i[0] for i in items], "tags": [i[1] for i in items], "owner_user": owner_user},
     )
     return {r[0] for r in rows}

@@ -1,8 +1,9 @@
 """Publish (route lookup, insert of routed copies) and browse/read/delete of stored messages.
 
-Claim, ack and release live in ``storage.deliveries``. Every statement here is constant SQL
-text built once at import, so asyncpg's prepared-statement cache hits on every call; each
-carries a comment on its concurrency reasoning. Callers own the transactions.
+Claim, ack and release live in ``storage.deliveries``; the publish's statements, as every
+hot-path statement, in ``storage.queries``. Every statement is constant SQL text built once
+at import, so asyncpg's prepared-statement cache hits on every call; each carries a comment
+on its concurrency reasoning. Callers own the transactions.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
 from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
-from app.storage.deliveries import NEW_TAG_SQL
+from app.storage import queries
 from app.storage.driver_errors import FK_MESSAGES_QUEUE, constraint
-from app.storage.fastpath import HotPath, Statement, jsonb_text
+from app.storage.fastpath import HotPath, jsonb_text
 
 
 class QueueDeleted(NotFound):
@@ -44,147 +45,6 @@ async def _run(
 
 # ----------------------------------------------------------------------------- publish
 
-# The exchange and every binding of it, with the bound queue's id and name, in ONE round
-# trip (LEFT JOIN: an exchange without bindings still yields its row; no row at all means
-# no such exchange). Plain snapshot read, no row locks: a publish must never serialize on
-# the exchange row (KEY SHARE locks from concurrent publishers would pile up multixacts).
-# A binding or queue created concurrently is simply not seen (the publish is ordered
-# before it); a queue deleted between this read and the insert makes the insert's foreign
-# key check fail, and the publisher retries with a fresh read (see QueueDeleted).
-# Ordered by binding id so that routing, and so the "queues" list, is deterministic.
-LOAD_ROUTES = text("""
-SELECT e.name, e.type, q.id, q.name, b.routing_key, b.arguments
-FROM exchanges AS e
-LEFT JOIN (bindings AS b JOIN queues AS q ON q.id = b.queue_id) ON b.exchange_id = e.id
-WHERE e.name = ANY(CAST(:names AS text[]))
-ORDER BY e.name, b.id
-""")
-
-# Direct-to-queue publishes: the queues' ids, for those that exist. Same reasoning.
-FIND_QUEUES = text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS text[]))")
-
-# The parts both publish statements share: the receipt (see settle_in_doubt), and
-_RECEIPT = "receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid)))"
-# each message's columns, once per message (1-based ordinal ``m.ord``), joined to copies ``c``
-_MESSAGES_OF_COPIES = """
-JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
-            CAST(:routing_key AS text[]), CAST(:headers AS text[]),
-            CAST(:properties AS text[]), CAST(:body AS bytea[]),
-            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
-         WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
-                              is_binary, delay_ms, ord)
-    ON m.ord = c.msg"""
-
-# Every copy of every message of a publish group in ONE statement (one commit, so one WAL
-# flush for all the requests that arrived together). Each message's columns travel once
-# (arrays indexed by message), and :copy_msg/:copy_queue list the copies as (1-based
-# message index, queue id) pairs; the join fans them out. A large body routed to many
-# queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids follow
-# publish order within each queue (ids come from the sequence as rows are inserted, above
-# the sorted subquery), so consumers see a batch in publish order. available_at uses the
-# database clock. One statement is atomic on its own: no transaction block around it. The
-# foreign key check takes KEY SHARE on each target queue row, so a concurrent queue delete
-# either waits for this commit (and then deletes the copies with the queue) or has already
-# won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
-# publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
-# copies do: see settle_in_doubt.
-INSERT_COPIES = text(f"""
-WITH {_RECEIPT}
-INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
-                      body, "binary", available_at)
-SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
-       m.properties::jsonb, m.body, m.is_binary,
-       now() + m.delay_ms * interval '1 millisecond'
-FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
-         WITH ORDINALITY AS c(msg, queue_id, ord)
-{_MESSAGES_OF_COPIES}
-ORDER BY c.ord
-""")
-
-# The same, when idle local subscribers have prefetch room (the direct hand-off): copy i may
-# go straight to :copy_owner[i] (NULL: it cannot), stored in flight to that connection as a
-# claim would leave it (status, tag, lease, delivery_count 1), which saves the claim's
-# UPDATE of every row and a round trip. Only a queue with no due ready message may hand off,
-# so nothing overtakes a message already waiting (contract §10: claims in (available_at, id)
-# order); the test reads the statement's snapshot, so a message committed concurrently is
-# one the publish was concurrent with. The test is one probe of ix_messages_claim per queue,
-# in the index's order: written as EXISTS (or with LIMIT 1 alone), PostgreSQL planned a
-# sequential scan that it expected to stop at the first row, and that read every ready row
-# of every other queue: 70-95 ms per publish with 300,000 waiting in another queue.
-# Ids are drawn in copy order above the sorted subquery, as the default would draw them.
-# Returns the rows stored in flight, by id.
-INSERT_COPIES_HANDING_OFF = text(f"""
-WITH {_RECEIPT},
-copies AS (
-    SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
-                         CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]))
-         WITH ORDINALITY AS c(msg, queue_id, owner, lease, ord)
-),
-waiting AS (
-    SELECT q.queue_id FROM (SELECT DISTINCT queue_id FROM copies WHERE owner IS NOT NULL) AS q
-    CROSS JOIN LATERAL (SELECT 1 FROM messages AS r
-                        WHERE r.queue_id = q.queue_id AND r.status = 'ready'
-                          AND r.available_at <= now()
-                        ORDER BY r.available_at LIMIT 1) AS due
-),
-numbered AS (
-    SELECT nextval('messages_id_seq') AS id, s.*
-    FROM (
-        SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
-               m.body, m.is_binary, m.delay_ms, c.lease,
-               CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
-                    ELSE c.owner END AS owner
-        FROM copies AS c
-        {_MESSAGES_OF_COPIES}
-        ORDER BY c.ord
-    ) AS s
-),
-stored AS (
-    INSERT INTO messages (id, queue_id, message_id, exchange, routing_key, headers,
-                          properties, body, "binary", available_at, status, delivery_count,
-                          delivered_at, lease_expires_at, delivery_tag, owner_process,
-                          owner_connection)
-    SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
-           body, is_binary, now() + delay_ms * interval '1 millisecond',
-           CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
-           CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
-           CASE WHEN owner IS NOT NULL THEN now() END,
-           CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => lease) END,
-           CASE WHEN owner IS NOT NULL THEN {NEW_TAG_SQL.format(id="id")} END,
-           CASE WHEN owner IS NOT NULL THEN CAST(:process_id AS uuid) END,
-           owner
-    FROM numbered
-    ORDER BY id
-    RETURNING id, queue_id, delivery_tag, created_at
-)
-SELECT id, queue_id, delivery_tag, created_at FROM stored
-WHERE delivery_tag IS NOT NULL
-ORDER BY id
-""")
-
-# The fence of an in-doubt publish: insert its receipt ourselves. A row back means the
-# publish's statement did not commit, and since its own receipt insert would now conflict,
-# it never will; no row (ON CONFLICT) means it committed. A commit still in progress holds
-# the key: this waits for it, then sees which way it went.
-SETTLE_RECEIPT = text("""
-INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid))
-ON CONFLICT (token) DO NOTHING
-RETURNING true
-""")
-
-# Receipts only matter for the seconds after a connection broke mid-publish.
-SWEEP_RECEIPTS = text("""
-DELETE FROM publish_receipts
-WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 second'
-""")
-
-_LOAD_ROUTES = Statement(LOAD_ROUTES)
-_SETTLE_RECEIPT = Statement(SETTLE_RECEIPT)
-_SWEEP_RECEIPTS = Statement(SWEEP_RECEIPTS)
-_FIND_QUEUES = Statement(FIND_QUEUES)
-_INSERT_COPIES = Statement(INSERT_COPIES)
-_INSERT_COPIES_HANDING_OFF = Statement(INSERT_COPIES_HANDING_OFF)
-
 
 @dataclass(frozen=True, slots=True)
 class ExchangeRoutes:
@@ -197,7 +57,7 @@ class ExchangeRoutes:
 
 async def load_routes(hot: HotPath, names: Sequence[str]) -> dict[str, ExchangeRoutes]:
     """Type and bindings of each named exchange that exists, in one round trip."""
-    rows = await hot.fetch(_LOAD_ROUTES, {"names": list(names)})
+    rows = await hot.fetch(queries.LOAD_ROUTES, {"names": list(names)})
     routes: dict[str, ExchangeRoutes] = {}
     for name, type_, queue_id, queue_name, routing_key, arguments in rows:
         found = routes.get(name)
@@ -211,7 +71,7 @@ async def load_routes(hot: HotPath, names: Sequence[str]) -> dict[str, ExchangeR
 
 
 async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
-    rows = await hot.fetch(_FIND_QUEUES, {"names": list(names)})
+    rows = await hot.fetch(queries.FIND_QUEUES, {"names": list(names)})
     return {str(r[0]): int(r[1]) for r in rows}
 
 
@@ -273,9 +133,9 @@ async def insert_copies(
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
     }
-    statement = _INSERT_COPIES
+    statement = queries.INSERT_COPIES
     if handoff is not None:
-        statement = _INSERT_COPIES_HANDING_OFF
+        statement = queries.INSERT_COPIES_HANDING_OFF
         params["process_id"] = handoff.process_id
         params["copy_owner"] = [o[0] if o else None for o in handoff.owners]
         params["copy_lease"] = [o[1] if o else None for o in handoff.owners]
@@ -330,14 +190,15 @@ def _match_handed(
 async def settle_in_doubt(hot: HotPath, receipt: str) -> bool:
     """Whether the publish that carried ``receipt`` committed; from now on it cannot.
     Raises Unavailable when the database cannot be asked."""
-    fenced = await hot.fetchval(_SETTLE_RECEIPT, {"receipt": receipt})
+    fenced = await hot.fetchval(queries.SETTLE_RECEIPT, {"receipt": receipt})
     return fenced is None
 
 
 async def sweep_receipts(hot: HotPath, older_than_seconds: int) -> int:
     async with hot.connection() as conn:
         status: str = await conn.execute(
-            _SWEEP_RECEIPTS.sql, *_SWEEP_RECEIPTS.args({"older_than_seconds": older_than_seconds})
+            queries.SWEEP_RECEIPTS.sql,
+            *queries.SWEEP_RECEIPTS.args({"older_than_seconds": older_than_seconds}),
         )
     return int(status.rsplit(" ", 1)[-1])
 

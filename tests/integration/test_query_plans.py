@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.storage import deliveries, messages, planner
+from app.storage import deliveries, planner, queries
 from app.storage.fastpath import HotPath, Statement
 from tests.support import asyncpg_dsn
 
@@ -120,7 +120,7 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
         "owners": [str(uuid.uuid4())] * 100,
         "owner_user": None,
     }
-    nodes = await _plan(conn, deliveries._CLAIM, params, mode)
+    nodes = await _plan(conn, queries.CLAIM, params, mode)
     scans = _scans(nodes)
     assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), nodes
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), nodes
@@ -136,8 +136,8 @@ async def test_batched_acks_find_their_rows_by_primary_key(
     rows = await _in_flight(conn, 50)
     ids, tags = [r[0] for r in rows], [r[1] for r in rows]
     for statement, params in (
-        (deliveries._ACK_MANY, {"ids": ids, "tags": tags, "owners": [r[2] for r in rows]}),
-        (deliveries._ACK_PULL_MANY, {"ids": ids, "tags": tags, "owner_user": "u"}),
+        (queries.ACK_MANY, {"ids": ids, "tags": tags, "owners": [r[2] for r in rows]}),
+        (queries.ACK_PULL_MANY, {"ids": ids, "tags": tags, "owner_user": "u"}),
     ):
         nodes = await _plan(conn, statement, params, mode)
         scans = _scans(nodes)
@@ -151,7 +151,7 @@ async def test_a_pull_ack_and_a_nack_find_their_row_by_primary_key(
 ) -> None:
     [row] = await _in_flight(conn, 1)
     for statement, params in (
-        (deliveries._ACK_PULL_MANY, {"ids": [row[0]], "tags": [row[1]], "owner_user": "u"}),
+        (queries.ACK_PULL_MANY, {"ids": [row[0]], "tags": [row[1]], "owner_user": "u"}),
         (
             Statement(deliveries.LOCK_BY_TAG),
             {"id": row[0], "tag": row[1], "owner_connection": None, "owner_user": "u"},
@@ -190,7 +190,7 @@ def _publish(queue_id: int, owner: str | None = None) -> dict[str, Any]:
 #: statement, and its parameters for a queue id
 _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
     "claim": (
-        deliveries._CLAIM,
+        queries.CLAIM,
         lambda q: {
             "queue_id": q,
             "n": 100,
@@ -200,17 +200,17 @@ _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
             "owner_user": None,
         },
     ),
-    "next due": (deliveries._NEXT_DUE, lambda q: {"queue_id": q}),
+    "next due": (queries.NEXT_DUE, lambda q: {"queue_id": q}),
     "ack": (
-        deliveries._ACK_MANY,
+        queries.ACK_MANY,
         lambda q: {"ids": [1, 2], "tags": ["1.a", "2.b"], "owners": [_OWNER] * 2},
     ),
     "pull ack": (
-        deliveries._ACK_PULL_MANY,
+        queries.ACK_PULL_MANY,
         lambda q: {"ids": [1], "tags": ["1.a"], "owner_user": "u"},
     ),
     "publish handing off": (
-        messages._INSERT_COPIES_HANDING_OFF,
+        queries.INSERT_COPIES_HANDING_OFF,
         lambda q: _publish(q, _OWNER),
     ),
     "nack": (
@@ -344,7 +344,7 @@ async def test_the_hand_off_probes_its_queue_not_the_backlog_of_others(
     idle = await conn.fetchval("INSERT INTO queues (name) VALUES ('idle') RETURNING id")
     params = _publish(idle, str(uuid.uuid4()))
     async with conn.transaction():  # EXPLAIN only; nothing is inserted
-        nodes = await _plan(conn, messages._INSERT_COPIES_HANDING_OFF, params, mode)
+        nodes = await _plan(conn, queries.INSERT_COPIES_HANDING_OFF, params, mode)
     reads = [n for n in nodes if n.get("Relation Name") == "messages" and n.get("Index Name")]
     assert [n["Index Name"] for n in reads] == ["ix_messages_claim"], nodes
     assert not _unbounded(nodes[0]), _unbounded(nodes[0])
@@ -357,7 +357,7 @@ async def test_the_plain_publish_reads_nothing_of_messages(conn: asyncpg.Connect
     params = _publish(busy)
     for mode in MODES:
         async with conn.transaction():
-            nodes = await _plan(conn, messages._INSERT_COPIES, params, mode)
+            nodes = await _plan(conn, queries.INSERT_COPIES, params, mode)
         assert _scans(nodes) == [], nodes
 
 

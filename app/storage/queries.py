@@ -1,0 +1,307 @@
+"""The hot path's statements, by name: every statement ``fastpath.HotPath`` runs, in one place,
+each with its reasoning about locks and plans (as procrastinate keeps its queries in one file).
+
+Constant SQL, compiled once at import to asyncpg's ``$n`` form (``fastpath.Statement``), so
+asyncpg's prepared-statement cache hits on every call. The functions that bind their
+parameters and read their rows stay with their subject; the plan tests
+(tests/integration/test_query_plans.py) run these by name.
+
+==========================  ==================================================================
+publish                     LOAD_ROUTES, FIND_QUEUES, INSERT_COPIES, INSERT_COPIES_HANDING_OFF
+                            (storage.messages)
+publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
+claim                       CLAIM, NEXT_DUE (storage.deliveries)
+acknowledge                 ACK_MANY, ACK_PULL_MANY (storage.deliveries)
+authenticate                LOOKUP_PASSWORD_USER, LOOKUP_SESSION (storage.accounts)
+==========================  ==================================================================
+
+Everything else (topology, accounts, browse, the retry path's row locks) runs on the
+SQLAlchemy engine, next to the function that uses it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from app.storage.fastpath import Statement
+
+#: A new delivery tag, from the row's id (SQL over a column ``id``); the claim and the
+#: publisher's direct hand-off (storage.messages) both make their tags with it.
+NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
+
+
+# -- publish ------------------------------------------------------------------------------
+
+# The exchange and every binding of it, with the bound queue's id and name, in ONE round
+# trip (LEFT JOIN: an exchange without bindings still yields its row; no row at all means
+# no such exchange). Plain snapshot read, no row locks: a publish must never serialize on
+# the exchange row (KEY SHARE locks from concurrent publishers would pile up multixacts).
+# A binding or queue created concurrently is simply not seen (the publish is ordered
+# before it); a queue deleted between this read and the insert makes the insert's foreign
+# key check fail, and the publisher retries with a fresh read (see messages.QueueDeleted).
+# Ordered by binding id so that routing, and so the "queues" list, is deterministic.
+LOAD_ROUTES = Statement(
+    text("""
+SELECT e.name, e.type, q.id, q.name, b.routing_key, b.arguments
+FROM exchanges AS e
+LEFT JOIN (bindings AS b JOIN queues AS q ON q.id = b.queue_id) ON b.exchange_id = e.id
+WHERE e.name = ANY(CAST(:names AS text[]))
+ORDER BY e.name, b.id
+""")
+)
+
+# Direct-to-queue publishes: the queues' ids, for those that exist. Same reasoning.
+FIND_QUEUES = Statement(
+    text("SELECT name, id FROM queues WHERE name = ANY(CAST(:names AS text[]))")
+)
+
+# The parts both publish statements share: the receipt (see messages.settle_in_doubt), and
+_RECEIPT = "receipt AS (INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid)))"
+# each message's columns, once per message (1-based ordinal ``m.ord``), joined to copies ``c``
+_MESSAGES_OF_COPIES = """
+JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
+            CAST(:routing_key AS text[]), CAST(:headers AS text[]),
+            CAST(:properties AS text[]), CAST(:body AS bytea[]),
+            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
+         WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
+                              is_binary, delay_ms, ord)
+    ON m.ord = c.msg"""
+
+# Every copy of every message of a publish group in ONE statement (one commit, so one WAL
+# flush for all the requests that arrived together). Each message's columns travel once
+# (arrays indexed by message), and :copy_msg/:copy_queue list the copies as (1-based
+# message index, queue id) pairs; the join fans them out. A large body routed to many
+# queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids follow
+# publish order within each queue (ids come from the sequence as rows are inserted, above
+# the sorted subquery), so consumers see a batch in publish order. available_at uses the
+# database clock. One statement is atomic on its own: no transaction block around it. The
+# foreign key check takes KEY SHARE on each target queue row, so a concurrent queue delete
+# either waits for this commit (and then deletes the copies with the queue) or has already
+# won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
+# publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
+# copies do: see messages.settle_in_doubt.
+INSERT_COPIES = Statement(
+    text(f"""
+WITH {_RECEIPT}
+INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
+                      body, "binary", available_at)
+SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
+       m.properties::jsonb, m.body, m.is_binary,
+       now() + m.delay_ms * interval '1 millisecond'
+FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
+         WITH ORDINALITY AS c(msg, queue_id, ord)
+{_MESSAGES_OF_COPIES}
+ORDER BY c.ord
+""")
+)
+
+# The same, when idle local subscribers have prefetch room (the direct hand-off): copy i may
+# go straight to :copy_owner[i] (NULL: it cannot), stored in flight to that connection as a
+# claim would leave it (status, tag, lease, delivery_count 1), which saves the claim's
+# UPDATE of every row and a round trip. Only a queue with no due ready message may hand off,
+# so nothing overtakes a message already waiting (contract §10: claims in (available_at, id)
+# order); the test reads the statement's snapshot, so a message committed concurrently is
+# one the publish was concurrent with. The test is one probe of ix_messages_claim per queue,
+# in the index's order: written as EXISTS (or with LIMIT 1 alone), PostgreSQL planned a
+# sequential scan that it expected to stop at the first row, and that read every ready row
+# of every other queue: 70-95 ms per publish with 300,000 waiting in another queue.
+# Ids are drawn in copy order above the sorted subquery, as the default would draw them.
+# Returns the rows stored in flight, by id.
+INSERT_COPIES_HANDING_OFF = Statement(
+    text(f"""
+WITH {_RECEIPT},
+copies AS (
+    SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
+                         CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]))
+         WITH ORDINALITY AS c(msg, queue_id, owner, lease, ord)
+),
+waiting AS (
+    SELECT q.queue_id FROM (SELECT DISTINCT queue_id FROM copies WHERE owner IS NOT NULL) AS q
+    CROSS JOIN LATERAL (SELECT 1 FROM messages AS r
+                        WHERE r.queue_id = q.queue_id AND r.status = 'ready'
+                          AND r.available_at <= now()
+                        ORDER BY r.available_at LIMIT 1) AS due
+),
+numbered AS (
+    SELECT nextval('messages_id_seq') AS id, s.*
+    FROM (
+        SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
+               m.body, m.is_binary, m.delay_ms, c.lease,
+               CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
+                    ELSE c.owner END AS owner
+        FROM copies AS c
+        {_MESSAGES_OF_COPIES}
+        ORDER BY c.ord
+    ) AS s
+),
+stored AS (
+    INSERT INTO messages (id, queue_id, message_id, exchange, routing_key, headers,
+                          properties, body, "binary", available_at, status, delivery_count,
+                          delivered_at, lease_expires_at, delivery_tag, owner_process,
+                          owner_connection)
+    SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
+           body, is_binary, now() + delay_ms * interval '1 millisecond',
+           CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
+           CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
+           CASE WHEN owner IS NOT NULL THEN now() END,
+           CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => lease) END,
+           CASE WHEN owner IS NOT NULL THEN {NEW_TAG_SQL.format(id="id")} END,
+           CASE WHEN owner IS NOT NULL THEN CAST(:process_id AS uuid) END,
+           owner
+    FROM numbered
+    ORDER BY id
+    RETURNING id, queue_id, delivery_tag, created_at
+)
+SELECT id, queue_id, delivery_tag, created_at FROM stored
+WHERE delivery_tag IS NOT NULL
+ORDER BY id
+""")
+)
+
+# The fence of an in-doubt publish: insert its receipt ourselves. A row back means the
+# publish's statement did not commit, and since its own receipt insert would now conflict,
+# it never will; no row (ON CONFLICT) means it committed. A commit still in progress holds
+# the key: this waits for it, then sees which way it went.
+SETTLE_RECEIPT = Statement(
+    text("""
+INSERT INTO publish_receipts (token) VALUES (CAST(:receipt AS uuid))
+ON CONFLICT (token) DO NOTHING
+RETURNING true
+""")
+)
+
+# Receipts only matter for the seconds after a connection broke mid-publish.
+SWEEP_RECEIPTS = Statement(
+    text("""
+DELETE FROM publish_receipts
+WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 second'
+""")
+)
+
+
+# -- claim --------------------------------------------------------------------------------
+
+# Claim up to :n ready rows of one queue in (available_at, id) order, in ONE statement.
+# Headers and properties come back as JSON text, which the frame splices as it is: decoding
+# them into Python only to encode them again cost 3.5 µs per row (docs/performance.md).
+# FOR UPDATE SKIP LOCKED: concurrent claimers (other subscribers, other processes) each lock
+# distinct rows and never wait on each other, so no message is ever in flight twice. The
+# inner query walks ix_messages_claim (partial on ready rows). Row i of the claim goes to
+# owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
+# credit, so one round trip serves every local subscriber of the queue. Pull claims pass
+# NULL owners (the row then belongs to :owner_user).
+CLAIM = Statement(
+    text(f"""
+WITH picked AS (
+    SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn
+    FROM (
+        SELECT id, available_at
+        FROM messages
+        WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= now()
+        ORDER BY available_at, id
+        LIMIT :n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+)
+UPDATE messages AS m SET
+    status = 'in_flight',
+    delivery_count = m.delivery_count + 1,
+    delivered_at = now(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
+    owner_process = CAST(:process_id AS uuid),
+    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
+    owner_user = CAST(:owner_user AS text)
+FROM picked AS p
+WHERE m.id = p.id
+RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,
+          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
+""")
+)
+
+# Seconds from the database's now() to the queue's next due ready message: <= 0 when one is
+# due, NULL when the queue has no ready rows. min() over ix_messages_claim is an index probe.
+NEXT_DUE = Statement(
+    text("""
+SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
+FROM messages WHERE queue_id = :queue_id AND status = 'ready'
+""")
+)
+
+
+# -- acknowledge ----------------------------------------------------------------------------
+
+# Acks that arrive together settle in one statement: the row must still be in flight with
+# exactly this tag and owned by this connection, so a double ack, another connection's tag or
+# a tag that timed out (and was re-claimed with a new tag, or requeued with none) deletes
+# nothing. Row locks make a concurrent sweep or release and this delete serialise: whichever
+# commits first wins, the other sees the changed row and skips it.
+# A set tag means in flight (ck_messages_in_flight_has_tag_and_lease), so these statements do
+# not name the status: with `status = 'in_flight'` the planner may walk the partial in-flight
+# index (ix_messages_owner) instead of the primary key, and that walk grows with the number of
+# deliveries in flight (tests/integration/test_query_plans.py).
+ACK_MANY = Statement(
+    text("""
+DELETE FROM messages AS m
+USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[]), CAST(:owners AS uuid[]))
+      AS a(id, tag, owner)
+WHERE m.id = a.id AND m.delivery_tag = a.tag AND m.owner_connection = a.owner
+RETURNING m.delivery_tag, m.owner_connection::text, m.queue_id
+""")
+)
+
+# Pulled deliveries of one user (POST /deliveries/{tag}/ack and POST /deliveries/ack): a pull
+# delivery belongs to the user that got it and to no connection; rows by primary key.
+ACK_PULL_MANY = Statement(
+    text("""
+DELETE FROM messages AS m
+USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[])) AS a(id, tag)
+WHERE m.id = a.id AND m.delivery_tag = a.tag
+  AND m.owner_connection IS NULL AND m.owner_user = :owner_user
+RETURNING m.delivery_tag
+""")
+)
+
+
+# -- authenticate ---------------------------------------------------------------------------
+
+# The rate-limit state of the request's keys (the longest time left among those that reached
+# their limit, and which) joined with the user or the live session, in ONE constant statement
+# on the hot path: it runs on every authenticated request that the Basic cache does not
+# answer. A key is locked while its fixed window (from its first counted failure) is open and
+# its failure count has reached the key's limit. The aggregate always yields exactly one row,
+# so a missing user or session still brings the rate-limit answer.
+_LIMITED = """
+WITH limited AS (
+    SELECT max(ceil(extract(epoch FROM f.window_start + make_interval(secs => :window)
+                                       - now())))::int AS retry_after,
+           array_agg(f.key) AS locked
+    FROM auth_failures AS f
+    JOIN unnest(CAST(:keys AS text[]), CAST(:limits AS int[])) AS k(key, lim) ON k.key = f.key
+    WHERE f.failures >= k.lim AND f.window_start + make_interval(secs => :window) > now()
+)
+"""
+_USER_SQL = """u.id, u.username, u.password_hash, u.role, u.perm_configure, u.perm_write,
+       u.perm_read, u.loopback_only"""
+
+LOOKUP_PASSWORD_USER = Statement(
+    text(
+        _LIMITED
+        + f"""
+SELECT l.retry_after, l.locked, {_USER_SQL}
+FROM limited AS l LEFT JOIN broker_users AS u ON u.username = CAST(:username AS text)
+"""
+    )
+)
+
+LOOKUP_SESSION = Statement(
+    text(
+        _LIMITED
+        + f"""
+SELECT l.retry_after, l.locked, s.token_digest, {_USER_SQL}
+FROM limited AS l
+LEFT JOIN (management_sessions AS s JOIN broker_users AS u ON u.id = s.user_id)
+       ON s.token_digest = :digest AND s.expires_at > now()
+"""
+    )
+)
