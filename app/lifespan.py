@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app.broker.services import build_services
 from app.config import Settings
-from app.storage import migrations
+from app.storage import fastpath, migrations
 from app.storage.database import Database, EmbeddedPostgres, create_engine
 from app.storage.dsn import redacted
 from app.storage.fastpath import HotPath
@@ -41,6 +41,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool_timeout=settings.db_pool_timeout_seconds,
         statement_timeout_ms=settings.db_statement_timeout_ms,
     )
+    fastpath.use_fast_array_checks()
     hot = HotPath(
         url,
         size=settings.db_pool_size,

@@ -27,8 +27,11 @@ from app.storage import driver_errors, planner
 from app.storage.dsn import asyncpg_dsn
 
 
-def _fast_array_checks() -> bool:
-    """Let asyncpg tell an array parameter's nested arrays by type, not by ABC.
+def use_fast_array_checks() -> bool:
+    """Let asyncpg tell an array parameter's nested arrays by type, not by ABC: a patch of
+    asyncpg's protocol module for the whole process, which the broker applies at start-up
+    (app/lifespan.py), never on import. Returns whether it is in effect; calling it again
+    changes nothing.
 
     To find nested arrays, asyncpg's array encoder asks ``isinstance(element, Iterable)`` and
     ``isinstance(element, Sized)`` of every element of every array parameter, and each ask is
@@ -48,8 +51,6 @@ def _fast_array_checks() -> bool:
     protocol.SizedABC = (list, tuple)
     return True
 
-
-FAST_ARRAY_CHECKS = _fast_array_checks()
 
 _DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
 

@@ -1,9 +1,12 @@
 """asyncpg's array encoder with the broker's fast nested-array test (storage.fastpath,
-``_fast_array_checks``): the arrays the broker passes encode exactly as before, against real
-PostgreSQL; the one change, that an array parameter must be a list or a tuple, is pinned."""
+``use_fast_array_checks``, applied at start-up): the arrays the broker passes encode exactly as
+before, against real PostgreSQL; the one change, that an array parameter must be a list or a
+tuple, is pinned; importing the module patches nothing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -15,6 +18,7 @@ from tests.support import asyncpg_dsn
 
 @pytest.fixture
 async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    fastpath.use_fast_array_checks()  # as the broker's start-up does (app/lifespan.py)
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
     yield connection
     await connection.close()
@@ -23,8 +27,17 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 def test_the_patch_is_in_effect_with_the_locked_asyncpg() -> None:
     from asyncpg.protocol import protocol
 
-    assert fastpath.FAST_ARRAY_CHECKS
+    assert fastpath.use_fast_array_checks()
     assert protocol.IterableABC == (list, tuple)
+
+
+def test_importing_the_hot_path_patches_nothing() -> None:
+    code = (
+        "import app.storage.fastpath\n"
+        "from asyncpg.protocol import protocol\n"
+        "assert protocol.IterableABC != (list, tuple), 'patched on import'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 async def test_the_broker_s_arrays_encode_as_before(conn: asyncpg.Connection) -> None:
