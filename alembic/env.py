@@ -29,24 +29,18 @@ def do_run_migrations(connection: Connection) -> None:
 
 
 async def run_async_migrations() -> None:
+    from app import runtime
     from app.config import load_settings
-    from app.storage.database import EmbeddedPostgres, create_engine
+    from app.storage.database import create_engine
 
-    settings = load_settings()
-    embedded = None
-    url = settings.database_url
-    if url is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        url = embedded.start()
-    engine = create_engine(url, pool_size=1, max_overflow=0)
-    try:
-        async with engine.connect() as connection:
-            await connection.run_sync(do_run_migrations)
-            await connection.commit()
-    finally:
-        await engine.dispose()
-        if embedded is not None:
-            embedded.stop()
+    async with runtime.database(load_settings()) as url:
+        engine = create_engine(url, pool_size=1, max_overflow=0)
+        try:
+            async with engine.connect() as connection:
+                await connection.run_sync(do_run_migrations)
+                await connection.commit()
+        finally:
+            await engine.dispose()
 
 
 connection = config.attributes.get("connection")

@@ -38,26 +38,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from app.storage import migrations
-    from app.storage.database import EmbeddedPostgres, create_engine
-    from app.storage.dsn import redacted
+    from app import runtime
 
     async def run() -> None:
-        embedded = None
-        url = settings.database_url
-        if url is None:
-            embedded = EmbeddedPostgres(settings.data_dir)
-            url = await asyncio.to_thread(embedded.start)
-            log.info("migrating the embedded PostgreSQL in %s", settings.data_dir / "pgdata")
-        else:
-            log.info("migrating %s", redacted(url))
-        engine = create_engine(url, pool_size=1, max_overflow=0)
-        try:
-            await migrations.upgrade(engine, args.revision)
-        finally:
-            await engine.dispose()
-            if embedded is not None:
-                await asyncio.to_thread(embedded.stop)
+        async with runtime.database(settings) as url:
+            await runtime.migrate(url, args.revision)
 
     asyncio.run(run())
     log.info("database at %s", args.revision)

