@@ -25,9 +25,9 @@ from websockets.frames import Frame
 from websockets.http11 import Request
 from websockets.protocol import State
 
-from app import runtime
-from app.api.ws.connection import RECEIVE_MANY, SEND_MANY
+from app import runtime, serverext
 from app.config import Settings
+from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY
 
 log = logging.getLogger("messagex")
 
@@ -66,11 +66,11 @@ def text_frame_header(length: int) -> bytes:
 
 
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol with two ASGI extensions, named in the scope so
-    that the app falls back to plain messages under any other server:
+    """uvicorn's sans-I/O WebSocket protocol with three ASGI extensions (app/serverext.py),
+    named in the scope so that the app falls back to plain messages under any other server:
 
-    - ``SEND_MANY``: ``{"type": SEND_MANY, "frames": [utf8_bytes, ...]}`` sends several text
-      frames with one socket write. A consumer with prefetch 100 is sent up to 100
+    - ``SEND_MANY``: ``send_many([utf8_bytes, ...])`` sends several text frames with one
+      socket write. A consumer with prefetch 100 is sent up to 100
       ``MESSAGE_DELIVERED`` frames at a time; one ASGI ``websocket.send`` each cost a str
       round trip of every body, the ASGI layers and a ``send()`` system call per frame. Without
       compression the frames are framed here (``text_frame_header``): websockets' own framing
@@ -81,6 +81,10 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
       ``websocket.receive``), in order with everything else: any other event (a binary
       frame, a close) first hands over the texts before it. Reading pauses until the app
       takes them, as uvicorn pauses after every message.
+    - ``ABORT``: ``abort()`` drops the TCP connection at once, discarding unsent data. For a
+      peer that stopped reading: a graceful close (the app returning, or ``websocket.close``)
+      waits for the write buffer to drain, which never happens, so the socket would stay open
+      for as long as the peer keeps its window shut.
     """
 
     _texts: list[str] | None = None  # while handle_events runs: text frames not handed over
@@ -94,8 +98,23 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][SEND_MANY] = {}
-            scope["extensions"][RECEIVE_MANY] = {}
+            extensions: dict[str, object] = scope["extensions"]
+            extensions[SEND_MANY] = serverext.SendMany(send_many=self.send_many)
+            extensions[RECEIVE_MANY] = serverext.ReceiveMany(receive=self.receive)
+            extensions[ABORT] = serverext.Abort(abort=self.abort)
+
+    async def run_asgi(self) -> None:
+        try:
+            await super().run_asgi()
+        finally:
+            # The extensions hold bound methods: drop them with the app's end, so that no
+            # reference cycle keeps a closed connection for the cyclic collector.
+            extensions = getattr(self, "scope", {}).get("extensions", {})
+            for name in (SEND_MANY, RECEIVE_MANY, ABORT):
+                extensions.pop(name, None)
+
+    def abort(self) -> None:
+        self.transport.abort()
 
     def handle_events(self) -> None:
         self._texts = []
@@ -139,16 +158,12 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = True
             self.transport.pause_reading()
 
-    async def send(self, message: object) -> None:
-        if not isinstance(message, dict) or message.get("type") != SEND_MANY:
-            await super().send(message)  # type: ignore[arg-type]
-            return
+    async def send_many(self, frames: list[bytes]) -> None:
         await self.writable.wait()
         if self.disconnected:
             raise ClientDisconnected()
         if not self.handshake_complete or self.close_sent or self.initial_response is not None:
             raise RuntimeError(f"'{SEND_MANY}' is only valid on an open WebSocket")
-        frames = message["frames"]
         if self.conn.extensions or self.conn.state is not State.OPEN:
             try:  # compressed (or closing): the protocol frames them
                 for data in frames:
@@ -248,28 +263,11 @@ class BrokerServer(uvicorn.Server):
         super().__init__(config)
         self.broker_app = app
         self.own_process = own_process
-        app.state.abort_connection = self.abort_connection
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.own_process and not self.should_exit:
             tune_gc()
-
-    def abort_connection(self, client: tuple[str, int] | None) -> bool:
-        """Drop a client's TCP connection at once, discarding unsent data.
-
-        For a WebSocket peer that stopped reading: a graceful close (the app returning, or
-        ``websocket.close``) waits for the write buffer to drain, which never happens, so the
-        socket would stay open for as long as the peer keeps its window shut.
-        """
-        if client is None:
-            return False
-        for protocol in list(self.server_state.connections):
-            transport = getattr(protocol, "transport", None)
-            if getattr(protocol, "client", None) == tuple(client) and transport is not None:
-                transport.abort()
-                return True
-        return False
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services = getattr(self.broker_app.state, "services", None)

@@ -19,8 +19,9 @@ from functools import partial
 from typing import Any
 
 import orjson
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from app import serverext
 from app.api.codec import render
 from app.api.deliveries import delivery_fields
 from app.api.problems import error_frame
@@ -45,12 +46,6 @@ OUTBOX_SOFT_LIMIT = 256
 MAX_INFLIGHT_OPS = 1024
 #: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
 OPS_GRACE_SECONDS = 5.0
-
-
-#: ASGI extensions of our server (app/server.py): several text frames in one send, and the
-#: text frames of one socket read in one receive
-SEND_MANY = "messagex.websocket.send_many"
-RECEIVE_MANY = "messagex.websocket.receive_many"
 
 
 class State(Enum):
@@ -104,9 +99,7 @@ class Inbound:
     """
 
     def __init__(self, ws: WebSocket) -> None:
-        self._ws = ws
-        many = RECEIVE_MANY in ws.scope.get("extensions", {})
-        self._receive = ws._receive if many else ws.receive
+        self._receive = serverext.receive_many(ws.scope) or ws.receive
         self._pending: deque[str] = deque()
 
     async def next(self) -> str | bytes | None:
@@ -114,14 +107,13 @@ class Inbound:
             return self._pending.popleft()
         message = await self._receive()
         kind = message["type"]
-        if kind == RECEIVE_MANY:
+        if kind == serverext.RECEIVE_MANY:
             self._pending.extend(message["texts"])
             return self._pending.popleft()
         if kind == "websocket.receive":
             text = message.get("text")
             return text if text is not None else message.get("bytes") or b""
         if kind == "websocket.disconnect":
-            self._ws.client_state = WebSocketState.DISCONNECTED  # as starlette's receive does
             return None
         raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
@@ -209,12 +201,12 @@ class WsConnection:
     def _send_many(self) -> Callable[[list[bytes]], Awaitable[None]]:
         """Send encoded frames in order: in one write through our server's ``SEND_MANY``
         extension, else one ASGI ``websocket.send`` each (any other ASGI server)."""
-        raw_send = getattr(self.ws, "_send", None)
-        if raw_send is not None and SEND_MANY in self.ws.scope.get("extensions", {}):
+        send_batch = serverext.send_many(self.ws.scope)
+        if send_batch is not None:
 
             async def send_many(frames: list[bytes]) -> None:
                 if frames:
-                    await raw_send({"type": SEND_MANY, "frames": frames})
+                    await send_batch(frames)
 
             return send_many
         send = self.ws.send
@@ -227,9 +219,9 @@ class WsConnection:
 
     def _abort(self) -> None:
         """Drop the TCP connection: a graceful close would wait for the peer to read."""
-        abort = getattr(self.ws.app.state, "abort_connection", None)
+        abort = serverext.abort(self.ws.scope)
         if abort is not None:
-            abort(self.ws.client)
+            abort()
 
     # -- the connection's life --------------------------------------------------------------
 
