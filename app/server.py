@@ -1,4 +1,5 @@
-"""The uvicorn server a broker runs in (``messagex serve`` and the tests alike).
+"""The uvicorn server a broker runs in (``messagex serve`` and the tests alike): an adapter
+written against one minor version of uvicorn and of websockets (``SUPPORTED_VERSIONS``).
 
 Its graceful shutdown first closes the broker's WebSockets with 1001 ("going away") and
 releases what they hold, then lets uvicorn stop the rest: uvicorn on its own would close them
@@ -13,6 +14,7 @@ import logging
 import socket
 import struct
 from collections.abc import Iterable
+from importlib.metadata import version
 from typing import Any
 
 import uvicorn
@@ -31,6 +33,14 @@ from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY
 
 log = logging.getLogger("messagex")
 
+#: The uvicorn and websockets this adapter is written against, as major.minor. It subclasses
+#: uvicorn's sans-I/O WebSocket protocol (five methods overridden, a dozen private attributes
+#: read) and frames with websockets' protocol objects: none of that is a public API, and a
+#: newer release may change it without notice. pyproject.toml pins the same minor versions and
+#: tests/unit/test_server_versions.py fails when the installed ones differ: to upgrade, read
+#: their changes against this module, then change the three together.
+SUPPORTED_VERSIONS = {"uvicorn": "0.55", "websockets": "17.4"}
+
 #: how long shutdown waits for WebSocket handlers to release their deliveries
 DRAIN_SECONDS = 5.0
 #: how long a worker process may take to stop: the drain, uvicorn's graceful shutdown
@@ -38,6 +48,16 @@ DRAIN_SECONDS = 5.0
 WORKER_STOP_SECONDS = DRAIN_SECONDS + 15
 #: the cyclic collector's thresholds in a broker process (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def unsupported_versions() -> dict[str, str]:
+    """The installed versions that differ from ``SUPPORTED_VERSIONS``, by package name."""
+    found = {name: version(name) for name in SUPPORTED_VERSIONS}
+    return {
+        name: installed
+        for name, installed in found.items()
+        if ".".join(installed.split(".")[:2]) != SUPPORTED_VERSIONS[name]
+    }
 
 
 def tune_gc() -> None:
@@ -308,6 +328,14 @@ def build_server(
     *,
     own_process: bool = False,
 ) -> BrokerServer:
+    for name, installed in unsupported_versions().items():
+        log.warning(
+            "%s %s is installed; this server is written for %s %s.x (app/server.py)",
+            name,
+            installed,
+            name,
+            SUPPORTED_VERSIONS[name],
+        )
     config = server_config(app, settings, host, port, log_level)
     return BrokerServer(config, app, own_process=own_process)
 
