@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.server import tune_gc
+from app.storage.fastpath import use_fast_array_checks
 from bench import backlog, ceiling, groupcommit, mx, rabbit, report
 from bench.infra import (
     DEFAULT_DATABASE_URL,
@@ -462,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     # The load generator shares the cores with what it measures: its collector is tuned as
     # the broker's is (for the MessageX and the RabbitMQ clients alike).
     tune_gc()
+    # The ceiling's asyncpg encodes arrays as the broker's does (docs/performance.md).
+    use_fast_array_checks()
     try:
         asyncio.run(run.execute())
     except BenchError as exc:
