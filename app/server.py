@@ -34,7 +34,7 @@ from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY
 log = logging.getLogger("messagex")
 
 #: The uvicorn and websockets this adapter is written against, as major.minor. It subclasses
-#: uvicorn's sans-I/O WebSocket protocol (five methods overridden, a dozen private attributes
+#: uvicorn's sans-I/O WebSocket protocol (six methods overridden, a dozen private attributes
 #: read) and frames with websockets' protocol objects: none of that is a public API, and a
 #: newer release may change it without notice. pyproject.toml pins the same minor versions and
 #: tests/unit/test_server_versions.py fails when the installed ones differ: to upgrade, read
