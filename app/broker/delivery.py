@@ -17,7 +17,7 @@ import orjson
 from app.auth.permissions import Access, allows, require
 from app.broker.consumers import ConsumerRegistry, Outlet, Subscription
 from app.broker.dispatcher import Dispatcher
-from app.broker.settlement import Settlement
+from app.broker.settlement import Settled, Settlement
 from app.broker.tasks import TaskOwner, every
 from app.broker.wakeups import WakeHub, wait_event
 from app.config import Settings
@@ -27,7 +27,7 @@ from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable
 from app.metrics import Metrics
 from app.storage import deliveries, liveness
 from app.storage.database import Database
-from app.storage.deliveries import Claimed, Settled
+from app.storage.deliveries import Claimed
 from app.storage.listener import MAX_PAYLOAD, Listener
 from app.storage.messages import DeletedMessage
 
