@@ -22,10 +22,11 @@ from app.broker.tasks import TaskOwner, every
 from app.broker.wakeups import WakeHub, wait_event
 from app.config import Settings
 from app.domain.model import User
+from app.domain.presence import HEARTBEAT_INTERVAL
 from app.domain.retry import Outcome
 from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable
 from app.metrics import Metrics
-from app.storage import deliveries, liveness
+from app.storage import deliveries, liveness, presence
 from app.storage.database import Database
 from app.storage.deliveries import Claimed
 from app.storage.listener import MAX_PAYLOAD, Listener
@@ -34,9 +35,7 @@ from app.storage.messages import DeletedMessage
 log = logging.getLogger("messagex.delivery")
 
 CHANNEL = "messagex_events"
-#: a broker process whose heartbeat is older than this is dead (its work is released)
-STALE_AFTER_SECONDS = 15.0
-HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_SECONDS = HEARTBEAT_INTERVAL.total_seconds()
 #: how often live sockets' sessions and users are re-checked (contract: within 5 s)
 LIVENESS_SECONDS = 2.0
 #: how often local prefetch credit is reconciled with the database
@@ -105,7 +104,7 @@ class DeliveryEngine:
 
     async def start(self) -> None:
         async with self.db.transaction() as conn:
-            await deliveries.register_process(
+            await presence.register_process(
                 conn, self.process_id, socket.gethostname(), os.getpid()
             )
         spawn = self.tasks.spawn
@@ -141,7 +140,7 @@ class DeliveryEngine:
             if owners:
                 await self.settlement.release_connections(owners)
             async with self.db.transaction() as conn:
-                await deliveries.unregister_process(conn, self.process_id)
+                await presence.unregister_process(conn, self.process_id)
         except Exception as exc:
             log.warning("could not release on shutdown (%s); ack timeouts will", type(exc).__name__)
         await self.tasks.close()
@@ -166,7 +165,7 @@ class DeliveryEngine:
             self.metrics.connections.set(len(self.registry.outlets))
             self.metrics.subscriptions.set(self.registry.subscription_count())
             async with self.db.transaction() as conn:
-                await deliveries.remove_connection(conn, outlet.id)
+                await presence.remove_connection(conn, outlet.id)
             await self.settlement.release_connections([outlet.id])
         finally:
             self._releasing -= 1
@@ -183,7 +182,7 @@ class DeliveryEngine:
             queue_id, ack_timeout = found
             if self.registry.get(outlet.id, queue_id) is not None:
                 raise AlreadySubscribed(f"already subscribed to queue '{queue}'")
-            await deliveries.add_subscription(
+            await presence.add_subscription(
                 conn,
                 connection_id=outlet.id,
                 queue_id=queue_id,
@@ -219,7 +218,7 @@ class DeliveryEngine:
         self.metrics.subscriptions.set(self.registry.subscription_count())
         try:
             async with self.db.transaction() as conn:
-                await deliveries.remove_subscription(conn, sub.outlet.id, sub.queue_id)
+                await presence.remove_subscription(conn, sub.outlet.id, sub.queue_id)
         except Unavailable:
             log.warning("could not remove a subscription row; the heartbeat reaper will")
 
@@ -426,22 +425,22 @@ class DeliveryEngine:
 
     async def _heartbeat(self) -> None:
         async with self.db.transaction() as conn:
-            alive = await deliveries.heartbeat(conn, self.process_id, len(self.registry.outlets))
+            alive = await presence.heartbeat(conn, self.process_id, len(self.registry.outlets))
             if not alive:
                 # We were taken for dead (a long pause): come back, with our subscriptions.
-                await deliveries.register_process(
+                await presence.register_process(
                     conn, self.process_id, socket.gethostname(), os.getpid()
                 )
                 for queue_id in self.registry.queue_ids():
                     for sub in self.registry.of_queue(queue_id):
-                        await deliveries.add_subscription(
+                        await presence.add_subscription(
                             conn,
                             connection_id=sub.outlet.id,
                             queue_id=queue_id,
                             process_id=self.process_id,
                             prefetch=sub.prefetch,
                         )
-            dead = await deliveries.reap_dead_processes(conn, self.process_id, STALE_AFTER_SECONDS)
+            dead = await presence.reap_dead_processes(conn, self.process_id)
         if dead:
             log.warning("released the work of %d dead broker process(es)", len(dead))
             await self.settlement.release_processes(dead)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy import and_, cast, delete, exists, func, literal, select, true
@@ -44,9 +43,7 @@ from app.domain.model import (
 from app.errors import NotFound, PreconditionFailed, ValidationFailed
 from app.storage import tables
 from app.storage.database import constraint_of
-
-#: A subscription counts as a consumer while its broker process heartbeated this recently.
-SUBSCRIBER_LIVENESS = timedelta(seconds=15)
+from app.storage.presence import is_live
 
 #: SQLSTATE program_limit_exceeded: e.g. an index row over the btree limit (~2.7 kB).
 _PROGRAM_LIMIT_EXCEEDED = "54000"
@@ -309,7 +306,7 @@ def _live_subscriptions(queue_id: Any) -> Any:
     return (
         select(_s.c.connection_id)
         .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
-        .where(_s.c.queue_id == queue_id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+        .where(_s.c.queue_id == queue_id, is_live(_p.c.heartbeat_at))
     )
 
 
@@ -336,7 +333,7 @@ async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, 
     consumers = (
         select(func.count().label("consumers"))
         .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
-        .where(_s.c.queue_id == _q.c.id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+        .where(_s.c.queue_id == _q.c.id, is_live(_p.c.heartbeat_at))
         .lateral("consumers")
     )
     stmt = (
