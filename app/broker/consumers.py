@@ -1,4 +1,5 @@
-"""Live subscriptions of this process: per (connection, queue), prefetch as credit."""
+"""Live consumers of this process: the connected outlets, and their subscriptions per
+(connection, queue) with prefetch as credit."""
 
 from __future__ import annotations
 
@@ -47,12 +48,17 @@ class ConsumerRegistry:
         self._by_connection: dict[str, dict[int, Subscription]] = {}
         self._rotation: dict[int, int] = {}
         self.outlets: dict[str, Outlet] = {}
+        #: the session each token-authenticated connection rides on (connection id → digest)
+        self.token_digests: dict[str, bytes] = {}
 
-    def add_outlet(self, outlet: Outlet) -> None:
+    def add_outlet(self, outlet: Outlet, token_digest: bytes | None = None) -> None:
         self.outlets[outlet.id] = outlet
+        if token_digest is not None:
+            self.token_digests[outlet.id] = token_digest
 
     def remove_outlet(self, connection_id: str) -> None:
         self.outlets.pop(connection_id, None)
+        self.token_digests.pop(connection_id, None)
 
     def add(self, sub: Subscription) -> None:
         self._by_queue.setdefault(sub.queue_id, []).append(sub)

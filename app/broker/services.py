@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.delivery import DeliveryEngine
 from app.broker.inspection import MessageBrowser
 from app.broker.overview import OverviewService
 from app.broker.publisher import Publisher
-from app.broker.tasks import every
+from app.broker.pull import PullConsumers
+from app.broker.subscriptions import Subscriptions
+from app.broker.tasks import TaskOwner, every
 from app.broker.topology import TopologyService
 from app.config import Settings
 from app.metrics import Metrics
@@ -30,21 +32,27 @@ class Services:
     browser: MessageBrowser
     ops: OverviewService
     delivery: DeliveryEngine
+    #: WebSocket consumers (the delivery engine's façade for them)
+    subscriptions: Subscriptions
+    #: HTTP pull consumers
+    pull: PullConsumers
+    #: the services' own periodic work (sweeps), apart from the delivery engine's
+    tasks: TaskOwner = field(default_factory=TaskOwner)
 
     async def start(self) -> None:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
         await self.auth.bootstrap()
         self.publisher.add_published_listener(self.delivery.on_published)
-        self.publisher.set_reserve(self.delivery.dispatcher.reserve)
+        self.publisher.set_reserve(self.subscriptions.reserve)
         self.topology.add_queue_deleted_listener(self.delivery.on_queue_deleted)
         self.browser.add_deleted_listener(self.delivery.on_message_deleted)
         self.auth.add_listener(self._on_auth_event)
         await self.delivery.start()
-        self.delivery.tasks.spawn(
+        self.tasks.spawn(
             every(SESSION_SWEEP_SECONDS, self.auth.sweep_expired_sessions, "session-sweep"),
             name="session-sweep",
         )
-        self.delivery.tasks.spawn(
+        self.tasks.spawn(
             every(SESSION_SWEEP_SECONDS, self.publisher.sweep_receipts, "receipt-sweep"),
             name="receipt-sweep",
         )
@@ -56,12 +64,14 @@ class Services:
             await self.delivery.on_session_revoked(event.token_digest)
 
     async def stop(self) -> None:
+        await self.tasks.close()
         await self.delivery.stop()
         await self.publisher.close()
 
 
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:
     metrics = Metrics()
+    delivery = DeliveryEngine(db, settings, metrics, database_url)
     return Services(
         settings=settings,
         db=db,
@@ -76,5 +86,7 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         ),
         browser=MessageBrowser(db),
         ops=OverviewService(db),
-        delivery=DeliveryEngine(db, settings, metrics, database_url),
+        delivery=delivery,
+        subscriptions=delivery.subscriptions,
+        pull=delivery.pull,
     )

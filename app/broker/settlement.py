@@ -1,4 +1,11 @@
-"""ACK, NACK, timeout and release: every path that ends a delivery, through domain.retry."""
+"""ACK, NACK, timeout and release: every path that ends a delivery, and the retry decision
+loop of the ones that are not acknowledged (domain.retry decides, storage applies).
+
+Each retry-path settlement is one transaction of the same round trips as when storage made
+the decisions itself: one statement locks the rows (``deliveries.lock_*``), ``decide_all``
+runs in Python in between, and at most four statements apply what it decided
+(``deliveries.apply_decisions``, none for an empty list).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +13,15 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from app.broker.tasks import TaskOwner
-from app.domain.retry import Outcome
+from app.domain.retry import Decision, Outcome, decide, with_death
 from app.errors import UnknownDeliveryTag
 from app.metrics import Metrics
 from app.storage import deliveries
 from app.storage.database import Database
-from app.storage.deliveries import Settled, apply_retry
+from app.storage.deliveries import Decisions, Unsettled
 
 log = logging.getLogger("messagex.settle")
 
@@ -38,6 +46,57 @@ def parse_tag(tag: str) -> int | None:
         return None
     value = int(match.group(1))
     return value if value <= _MAX_ID else None
+
+
+@dataclass
+class Settled:
+    """What a retry-path batch did: outcome per row id, the queues that got ready rows, and
+    the connections whose deliveries it ended (their local credit is reconciled)."""
+
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    woken_queues: set[int] = field(default_factory=set)
+    owners: set[str] = field(default_factory=set)
+
+
+def decide_all(rows: Sequence[Unsettled], *, requeue: bool) -> tuple[Settled, Decisions]:
+    """The retry decision of each locked row, sorted by what storage is to do with it."""
+    settled = Settled()
+    decisions = Decisions()
+    for row in rows:
+        decision = decide(
+            delivery_count=row.delivery_count,
+            max_delivery_count=row.max_delivery_count,
+            has_dead_letter_queue=row.dead_letter_queue_id is not None,
+            requeue=requeue,
+        )
+        settled.outcomes[row.id] = decision.outcome
+        if row.owner_connection:
+            settled.owners.add(row.owner_connection)
+        _sort(row, decision, settled, decisions)
+    return settled, decisions
+
+
+def _sort(row: Unsettled, decision: Decision, settled: Settled, decisions: Decisions) -> None:
+    if decision.outcome is Outcome.REQUEUED:
+        decisions.requeue.append(row.id)
+        settled.woken_queues.add(row.queue_id)
+    elif decision.outcome is Outcome.DEAD:
+        decisions.dead.append(row.id)
+    elif decision.outcome is Outcome.DISCARDED:
+        decisions.discard.append(row.id)
+    else:
+        assert decision.reason is not None
+        assert row.dead_letter_queue_id is not None
+        headers = with_death(
+            row.headers,
+            queue=row.queue_name,
+            reason=decision.reason,
+            time=row.now,
+            exchange=row.exchange,
+            routing_key=row.routing_key,
+        )
+        decisions.dead_letter.append((row.id, row.dead_letter_queue_id, headers))
+        settled.woken_queues.add(row.dead_letter_queue_id)
 
 
 class _AckGroup:
@@ -161,7 +220,8 @@ class Settlement:
             )
             if row is None:
                 raise UnknownDeliveryTag()
-            settled = await apply_retry(conn, [row], requeue=requeue)
+            settled, decisions = decide_all([row], requeue=requeue)
+            await deliveries.apply_decisions(conn, decisions)
         outcome = settled.outcomes[row.id]
         self.metrics.nacked.labels(outcome=outcome.value).inc()
         settled.owners.discard(owner_connection or "")
@@ -174,7 +234,8 @@ class Settlement:
         """Release everything these connections hold (disconnect), through the retry path."""
         async with self.db.transaction() as conn:
             rows = await deliveries.lock_owned_by_connections(conn, owners)
-            settled = await apply_retry(conn, rows, requeue=True)
+            settled, decisions = decide_all(rows, requeue=True)
+            await deliveries.apply_decisions(conn, decisions)
         self._count("disconnect", settled)
         self.after_settle(settled)
         return settled
@@ -182,7 +243,8 @@ class Settlement:
     async def release_processes(self, processes: Sequence[str]) -> Settled:
         async with self.db.transaction() as conn:
             rows = await deliveries.lock_owned_by_processes(conn, processes)
-            settled = await apply_retry(conn, rows, requeue=True)
+            settled, decisions = decide_all(rows, requeue=True)
+            await deliveries.apply_decisions(conn, decisions)
         self._count("process_lost", settled)
         self.after_settle(settled)
         return settled
@@ -193,7 +255,8 @@ class Settlement:
         while True:
             async with self.db.transaction() as conn:
                 rows = await deliveries.lock_expired(conn, SWEEP_BATCH)
-                settled = await apply_retry(conn, rows, requeue=True)
+                settled, decisions = decide_all(rows, requeue=True)
+                await deliveries.apply_decisions(conn, decisions)
             if rows:
                 self._count("ack_timeout", settled)
                 self.after_settle(settled)

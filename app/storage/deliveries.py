@@ -1,9 +1,10 @@
 """Claim, settle and release: the delivery half of the hot path.
 
-The hot path's statements (claim, ack) are in ``storage.queries``; the retry path's row locks
-are here. Every statement is built once at import (constant SQL, so asyncpg's
-prepared-statement cache hits) and commented with its concurrency reasoning. Callers own the
-transactions.
+The hot path's statements (claim, ack) are in ``storage.queries``. The retry path locks its
+rows here (``lock_*``), broker/settlement.py decides what becomes of them, and
+``apply_decisions`` applies that, all in the caller's one transaction. Every statement is
+built once at import (constant SQL, so asyncpg's prepared-statement cache hits) and commented
+with its concurrency reasoning. Callers own the transactions.
 
 A delivery tag is ``"<message id>.<128 random bits in hex>"``: the id lets every settle look the
 row up by primary key (no index on the tag, so claims stay cheap), the random part makes a tag
@@ -17,14 +18,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.model import Delivery
-from app.domain.retry import Outcome, decide, with_death
 from app.storage import queries
-from app.storage.fastpath import HotPath
+from app.storage.fastpath import HotPath, jsonb_text
 
 # -- claim ----------------------------------------------------------------------------------
 
@@ -251,15 +250,17 @@ async def return_to_status(conn: AsyncConnection, ids: Sequence[int], status: st
         await conn.execute(RETURN_TO_STATUS, {"ids": list(ids), "status": status})
 
 
-async def dead_letter(conn: AsyncConnection, moves: Sequence[tuple[int, int, str]]) -> None:
-    """``moves``: (id, dead-letter queue id, new headers as JSON text)."""
+async def dead_letter(
+    conn: AsyncConnection, moves: Sequence[tuple[int, int, dict[str, Any]]]
+) -> None:
+    """``moves``: (id, dead-letter queue id, new headers)."""
     if moves:
         await conn.execute(
             DEAD_LETTER,
             {
                 "ids": [m[0] for m in moves],
                 "dlqs": [m[1] for m in moves],
-                "headers": [m[2] for m in moves],
+                "headers": [jsonb_text(m[2]) for m in moves],
             },
         )
 
@@ -269,59 +270,24 @@ async def discard(conn: AsyncConnection, ids: Sequence[int]) -> None:
         await conn.execute(DISCARD, {"ids": list(ids)})
 
 
-@dataclass
-class Settled:
-    """What a retry-path batch did: outcome per row id, and the queues that got ready rows."""
+@dataclass(slots=True)
+class Decisions:
+    """What becomes of rows locked for the retry path, by outcome. broker/settlement.py
+    decides (through domain.retry) between the lock and this, in the same transaction."""
 
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    woken_queues: set[int] = field(default_factory=set)
-    owners: set[str] = field(default_factory=set)
+    requeue: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    discard: list[int] = field(default_factory=list)
+    #: (id, dead-letter queue id, the row's new headers, x-death included)
+    dead_letter: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
 
 
-async def apply_retry(
-    conn: AsyncConnection, rows: Sequence[Unsettled], *, requeue: bool
-) -> Settled:
-    """Decide each row with domain.retry and apply the decisions in at most four statements."""
-    settled = Settled()
-    back: list[int] = []
-    dead: list[int] = []
-    gone: list[int] = []
-    moves: list[tuple[int, int, str]] = []
-    for row in rows:
-        decision = decide(
-            delivery_count=row.delivery_count,
-            max_delivery_count=row.max_delivery_count,
-            has_dead_letter_queue=row.dead_letter_queue_id is not None,
-            requeue=requeue,
-        )
-        settled.outcomes[row.id] = decision.outcome
-        if row.owner_connection:
-            settled.owners.add(row.owner_connection)
-        if decision.outcome is Outcome.REQUEUED:
-            back.append(row.id)
-            settled.woken_queues.add(row.queue_id)
-        elif decision.outcome is Outcome.DEAD:
-            dead.append(row.id)
-        elif decision.outcome is Outcome.DISCARDED:
-            gone.append(row.id)
-        else:
-            assert decision.reason is not None
-            assert row.dead_letter_queue_id is not None
-            headers = with_death(
-                row.headers,
-                queue=row.queue_name,
-                reason=decision.reason,
-                time=row.now,
-                exchange=row.exchange,
-                routing_key=row.routing_key,
-            )
-            moves.append((row.id, row.dead_letter_queue_id, orjson.dumps(headers).decode()))
-            settled.woken_queues.add(row.dead_letter_queue_id)
-    await return_to_status(conn, back, "ready")
-    await return_to_status(conn, dead, "dead")
-    await discard(conn, gone)
-    await dead_letter(conn, moves)
-    return settled
+async def apply_decisions(conn: AsyncConnection, decisions: Decisions) -> None:
+    """Apply the retry decisions in at most four statements (none for an empty list)."""
+    await return_to_status(conn, decisions.requeue, "ready")
+    await return_to_status(conn, decisions.dead, "dead")
+    await discard(conn, decisions.discard)
+    await dead_letter(conn, decisions.dead_letter)
 
 
 # -- reconcile local credit with the database -----------------------------------------------
@@ -363,71 +329,3 @@ QUEUE_BY_NAME = text("SELECT id, ack_timeout_seconds FROM queues WHERE name = :n
 async def queue_by_name(conn: AsyncConnection, name: str) -> tuple[int, int | None] | None:
     row = (await conn.execute(QUEUE_BY_NAME, {"name": name})).first()
     return None if row is None else (int(row[0]), row[1])
-
-
-# -- presence: broker processes and their live subscriptions --------------------------------
-
-REGISTER_PROCESS = text("""
-INSERT INTO broker_processes (id, hostname, pid) VALUES (:id, :hostname, :pid)
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
-""")
-HEARTBEAT = text("""
-UPDATE broker_processes SET heartbeat_at = now(), connections = :connections WHERE id = :id
-""")
-# A process whose heartbeat is older than :stale seconds is dead; its subscriptions go with
-# it (ON DELETE CASCADE) and the caller releases what it held.
-REAP = text("""
-DELETE FROM broker_processes
-WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
-RETURNING id::text
-""")
-UNREGISTER_PROCESS = text("DELETE FROM broker_processes WHERE id = :id")
-ADD_SUBSCRIPTION = text("""
-INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)
-VALUES (:connection_id, :queue_id, :process_id, :prefetch)
-ON CONFLICT DO NOTHING
-""")
-REMOVE_SUBSCRIPTION = text(
-    "DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id"
-)
-REMOVE_CONNECTION = text("DELETE FROM subscriptions WHERE connection_id = :connection_id")
-
-
-async def register_process(conn: AsyncConnection, id: str, hostname: str, pid: int) -> None:
-    await conn.execute(REGISTER_PROCESS, {"id": id, "hostname": hostname, "pid": pid})
-
-
-async def heartbeat(conn: AsyncConnection, id: str, connections: int) -> bool:
-    result = await conn.execute(HEARTBEAT, {"id": id, "connections": connections})
-    return bool(result.rowcount)
-
-
-async def reap_dead_processes(conn: AsyncConnection, me: str, stale_seconds: float) -> list[str]:
-    rows = (await conn.execute(REAP, {"me": me, "stale": stale_seconds})).all()
-    return [str(r[0]) for r in rows]
-
-
-async def unregister_process(conn: AsyncConnection, id: str) -> None:
-    await conn.execute(UNREGISTER_PROCESS, {"id": id})
-
-
-async def add_subscription(
-    conn: AsyncConnection, *, connection_id: str, queue_id: int, process_id: str, prefetch: int
-) -> None:
-    await conn.execute(
-        ADD_SUBSCRIPTION,
-        {
-            "connection_id": connection_id,
-            "queue_id": queue_id,
-            "process_id": process_id,
-            "prefetch": prefetch,
-        },
-    )
-
-
-async def remove_subscription(conn: AsyncConnection, connection_id: str, queue_id: int) -> None:
-    await conn.execute(REMOVE_SUBSCRIPTION, {"connection_id": connection_id, "queue_id": queue_id})
-
-
-async def remove_connection(conn: AsyncConnection, connection_id: str) -> None:
-    await conn.execute(REMOVE_CONNECTION, {"connection_id": connection_id})

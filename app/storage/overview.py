@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, func, literal_column, select, text
+from sqlalchemy import Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import ColumnElement
 
+from app.storage.presence import is_live
 from app.storage.tables import broker_processes, exchanges, messages, queues, subscriptions
-
-#: A broker process whose heartbeat is older than this is dead; its rows do not count.
-LIVE_PROCESS_WINDOW: ColumnElement[Any] = literal_column("interval '15 seconds'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +53,7 @@ def _overview_query() -> Select[Any]:
       call, not a hot path.
     """
     now = func.now()
-    live = broker_processes.c.heartbeat_at > now - LIVE_PROCESS_WINDOW
+    live = is_live(broker_processes.c.heartbeat_at)
     m = messages.c
     ready_now = (m.status == "ready") & (m.available_at <= now)
     delayed = (m.status == "ready") & (m.available_at > now)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy import and_, cast, delete, exists, func, literal, select, true
@@ -49,9 +48,7 @@ from app.storage.driver_errors import (
     constraint,
     sqlstate,
 )
-
-#: A subscription counts as a consumer while its broker process heartbeated this recently.
-SUBSCRIBER_LIVENESS = timedelta(seconds=15)
+from app.storage.presence import is_live
 
 #: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
 _DECLARE_ATTEMPTS = 5
@@ -306,7 +303,7 @@ def _live_subscriptions(queue_id: Any) -> Any:
     return (
         select(_s.c.connection_id)
         .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
-        .where(_s.c.queue_id == queue_id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+        .where(_s.c.queue_id == queue_id, is_live(_p.c.heartbeat_at))
     )
 
 
@@ -333,7 +330,7 @@ async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, 
     consumers = (
         select(func.count().label("consumers"))
         .select_from(_s.join(_p, _p.c.id == _s.c.process_id))
-        .where(_s.c.queue_id == _q.c.id, _p.c.heartbeat_at > func.now() - SUBSCRIBER_LIVENESS)
+        .where(_s.c.queue_id == _q.c.id, is_live(_p.c.heartbeat_at))
         .lateral("consumers")
     )
     stmt = (

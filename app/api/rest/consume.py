@@ -45,7 +45,7 @@ async def get_messages(
     request: Annotated[GetRequest | None, Body()] = None,
 ) -> Response:
     request = request or GetRequest()
-    claimed = await services.delivery.get(
+    claimed = await services.pull.get(
         user,
         name,
         max_messages=request.max_messages,
@@ -90,14 +90,14 @@ async def ack_delivery(
 async def ack_deliveries(
     request: AckManyRequest, services: ServicesDep, user: UserDep
 ) -> AckManyResponse:
-    acked, unknown = await services.delivery.pull_ack_many(user, request.delivery_tags)
+    acked, unknown = await services.pull.ack_many(user, request.delivery_tags)
     return AckManyResponse(acked=acked, unknown=unknown)
 
 
 async def ack_pulled(services: Services, user: User, delivery_tag: str) -> None:
     """ACK a pulled delivery (this route, and app.api.edge that answers it first)."""
     try:
-        await services.delivery.pull_ack(user, delivery_tag)
+        await services.pull.ack(user, delivery_tag)
     except UnknownDeliveryTag:
         raise NotFound(_NO_DELIVERY) from None
 
@@ -117,7 +117,7 @@ async def nack_delivery(
 ) -> NackResponse:
     request = request or NackRequest()
     try:
-        outcome = await services.delivery.pull_nack(user, delivery_tag, request.requeue)
+        outcome = await services.pull.nack(user, delivery_tag, request.requeue)
     except UnknownDeliveryTag:
         raise NotFound(_NO_DELIVERY) from None
     return NackResponse(outcome=outcome.value)

@@ -128,7 +128,7 @@ class WsConnection:
     ) -> None:
         self.ws = ws
         self.services = services
-        self.engine = services.delivery
+        self.engine = services.subscriptions
         self.id = str(uuid.uuid4())
         self.user: User = user  # type: ignore[assignment]  # set before OPEN
         self.digest = digest

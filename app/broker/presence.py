@@ -1,0 +1,64 @@
+"""Presence: this process in ``broker_processes``, its heartbeat, and the reaping of dead ones.
+
+Every process writes a heartbeat every ``HEARTBEAT_INTERVAL``; one whose heartbeat is older
+than ``PROCESS_STALE_AFTER`` (app/domain/presence.py) is taken for dead by the others, which
+remove it (its subscription rows go with it) and release what its WebSockets held through
+the retry path. Pull deliveries have no connection and wait for their ack timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from app.broker.consumers import ConsumerRegistry
+from app.broker.settlement import Settlement
+from app.domain.presence import HEARTBEAT_INTERVAL
+from app.storage import presence
+from app.storage.database import Database
+
+log = logging.getLogger("messagex.delivery")
+
+HEARTBEAT_SECONDS = HEARTBEAT_INTERVAL.total_seconds()
+
+
+class Presence:
+    def __init__(
+        self, db: Database, registry: ConsumerRegistry, settlement: Settlement, process_id: str
+    ) -> None:
+        self.db = db
+        self.registry = registry
+        self.settlement = settlement
+        self.process_id = process_id
+
+    async def register(self) -> None:
+        async with self.db.transaction() as conn:
+            await presence.register_process(
+                conn, self.process_id, socket.gethostname(), os.getpid()
+            )
+
+    async def leave(self) -> None:
+        async with self.db.transaction() as conn:
+            await presence.unregister_process(conn, self.process_id)
+
+    async def beat(self) -> None:
+        """Write the heartbeat, then reap the processes whose heartbeat went stale."""
+        async with self.db.transaction() as conn:
+            alive = await presence.heartbeat(conn, self.process_id, len(self.registry.outlets))
+            if not alive:
+                # We were taken for dead (a long pause): come back, with our subscriptions.
+                await presence.rejoin(
+                    conn, self.process_id, socket.gethostname(), os.getpid(), self._subscriptions()
+                )
+            dead = await presence.reap_dead_processes(conn, self.process_id)
+        if dead:
+            log.warning("released the work of %d dead broker process(es)", len(dead))
+            await self.settlement.release_processes(dead)
+
+    def _subscriptions(self) -> list[tuple[str, int, int]]:
+        return [
+            (sub.outlet.id, queue_id, sub.prefetch)
+            for queue_id in self.registry.queue_ids()
+            for sub in self.registry.of_queue(queue_id)
+        ]

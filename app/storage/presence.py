@@ -1,0 +1,106 @@
+"""Presence: which broker processes are alive (their heartbeat), and which subscriptions live
+on them. Every statement about ``broker_processes``, and the subscription rows that die with
+their process, is here; so is the one SQL form of "alive" that queue stats and the overview
+count with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+
+from app.domain.presence import PROCESS_STALE_AFTER
+
+
+def is_live(heartbeat_at: ColumnElement[Any]) -> ColumnElement[bool]:
+    """``heartbeat_at`` (of ``broker_processes``) is recent enough, on the database clock."""
+    return heartbeat_at > func.now() - PROCESS_STALE_AFTER
+
+
+REGISTER_PROCESS = text("""
+INSERT INTO broker_processes (id, hostname, pid) VALUES (:id, :hostname, :pid)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+""")
+HEARTBEAT = text("""
+UPDATE broker_processes SET heartbeat_at = now(), connections = :connections WHERE id = :id
+""")
+# A process whose heartbeat is older than :stale seconds is dead; its subscriptions go with
+# it (ON DELETE CASCADE) and the caller releases what it held.
+REAP = text("""
+DELETE FROM broker_processes
+WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
+RETURNING id::text
+""")
+UNREGISTER_PROCESS = text("DELETE FROM broker_processes WHERE id = :id")
+ADD_SUBSCRIPTION = text("""
+INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)
+VALUES (:connection_id, :queue_id, :process_id, :prefetch)
+ON CONFLICT DO NOTHING
+""")
+REMOVE_SUBSCRIPTION = text(
+    "DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id"
+)
+REMOVE_CONNECTION = text("DELETE FROM subscriptions WHERE connection_id = :connection_id")
+
+
+async def register_process(conn: AsyncConnection, id: str, hostname: str, pid: int) -> None:
+    await conn.execute(REGISTER_PROCESS, {"id": id, "hostname": hostname, "pid": pid})
+
+
+async def rejoin(
+    conn: AsyncConnection,
+    id: str,
+    hostname: str,
+    pid: int,
+    subscriptions: Sequence[tuple[str, int, int]],
+) -> None:
+    """Register again a process that was taken for dead, with its live ``subscriptions``
+    (connection id, queue id, prefetch)."""
+    await register_process(conn, id, hostname, pid)
+    for connection_id, queue_id, prefetch in subscriptions:
+        await add_subscription(
+            conn, connection_id=connection_id, queue_id=queue_id, process_id=id, prefetch=prefetch
+        )
+
+
+async def heartbeat(conn: AsyncConnection, id: str, connections: int) -> bool:
+    """Write this process's heartbeat; False when its row is gone (it was taken for dead)."""
+    result = await conn.execute(HEARTBEAT, {"id": id, "connections": connections})
+    return bool(result.rowcount)
+
+
+async def reap_dead_processes(conn: AsyncConnection, me: str) -> list[str]:
+    """Delete the processes other than ``me`` whose heartbeat is stale; returns their ids."""
+    stale = PROCESS_STALE_AFTER.total_seconds()
+    rows = (await conn.execute(REAP, {"me": me, "stale": stale})).all()
+    return [str(r[0]) for r in rows]
+
+
+async def unregister_process(conn: AsyncConnection, id: str) -> None:
+    await conn.execute(UNREGISTER_PROCESS, {"id": id})
+
+
+async def add_subscription(
+    conn: AsyncConnection, *, connection_id: str, queue_id: int, process_id: str, prefetch: int
+) -> None:
+    await conn.execute(
+        ADD_SUBSCRIPTION,
+        {
+            "connection_id": connection_id,
+            "queue_id": queue_id,
+            "process_id": process_id,
+            "prefetch": prefetch,
+        },
+    )
+
+
+async def remove_subscription(conn: AsyncConnection, connection_id: str, queue_id: int) -> None:
+    await conn.execute(REMOVE_SUBSCRIPTION, {"connection_id": connection_id, "queue_id": queue_id})
+
+
+async def remove_connection(conn: AsyncConnection, connection_id: str) -> None:
+    await conn.execute(REMOVE_CONNECTION, {"connection_id": connection_id})
