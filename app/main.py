@@ -15,6 +15,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from app import __version__
 from app.api import problems, ui
 from app.api.edge import PublishEdge
+from app.api.exposure import ExposureGuard
 from app.api.limits import BodyLimitMiddleware
 from app.api.observability import HttpMetricsMiddleware
 from app.api.rest import (
@@ -79,7 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
     app.add_middleware(PublishEdge)  # innermost: the body limit and the metrics apply to it
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
+    app.add_middleware(HttpMetricsMiddleware)  # counts refused bodies too
+    app.add_middleware(ExposureGuard, settings=settings)  # outermost: client address, Host
     _register_body_models(app, publish.BODY_MODELS)
     return app
 
