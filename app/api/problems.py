@@ -184,9 +184,9 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     from app.api.schemas.common import Problem
 
     descriptions = {
-        400: "Malformed JSON",
+        400: "Malformed JSON, a form content type, or a Host that is not allowed",
         401: "Missing or bad credentials",
-        403: "Not allowed",
+        403: "Not allowed (role, permissions, or a cross-site request)",
         404: "Not found",
         409: "Precondition failed",
         413: "Message too large",
