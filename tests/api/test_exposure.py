@@ -16,6 +16,7 @@ import base64
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -277,3 +278,11 @@ def test_a_publish_is_refused_before_its_body_is_read(server: LiveServer, path: 
     ).encode()
     answer = raw_exchange(server.port, head + b"[" * 1024, timeout=5)
     assert status_of(answer) == 401, answer
+
+
+def test_compose_requires_the_admin_password_from_the_environment() -> None:
+    """Before: compose.yaml shipped ``change-me`` as the admin's password."""
+    text = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
+    assert "change-me" not in text
+    assert "MESSAGEX_ADMIN_PASSWORD: ${MESSAGEX_ADMIN_PASSWORD:?" in text
+    assert "MESSAGEX_ALLOWED_HOSTS: ${MESSAGEX_ALLOWED_HOSTS:-localhost,127.0.0.1,[::1]}" in text
