@@ -69,34 +69,35 @@ def parse_networks(value: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(entry, strict=False) for entry in split_list(value))
 
 
-def _forwarded_for(headers: Iterable[tuple[bytes, bytes]]) -> list[str] | None:
-    """The chain of client addresses the proxy headers name, nearest last: ``Forwarded``'s
-    ``for=`` parameters (RFC 7239) when present, else ``X-Forwarded-For``. None: neither."""
-    forwarded: list[str] = []
-    x_forwarded: list[str] = []
+def _forwarded(headers: Iterable[tuple[bytes, bytes]], parameter: str) -> list[str]:
+    """The values of one parameter (``for``, ``proto``) in ``Forwarded`` headers (RFC 7239),
+    in order, the nearest proxy's last."""
+    values: list[str] = []
     for name, raw in headers:
         if name == b"forwarded":
             for element in raw.decode("latin-1").split(","):
                 for pair in element.split(";"):
-                    key, _, val = pair.partition("=")
-                    if key.strip().lower() == "for":
-                        forwarded.append(val)
-        elif name == b"x-forwarded-for":
-            x_forwarded.extend(raw.decode("latin-1").split(","))
-    return forwarded or x_forwarded or None
+                    key, _, value = pair.partition("=")
+                    if key.strip().lower() == parameter:
+                        values.append(value.strip().strip('"'))
+    return values
+
+
+def _x_forwarded(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[str]:
+    return [v for k, raw in headers if k == name for v in raw.decode("latin-1").split(",")]
+
+
+def _forwarded_for(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """The chain of client addresses the proxy headers name, nearest last: ``Forwarded``'s
+    ``for=`` when present, else ``X-Forwarded-For``."""
+    headers = list(headers)
+    return _forwarded(headers, "for") or _x_forwarded(headers, b"x-forwarded-for")
 
 
 def _forwarded_proto(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    proto: str | None = None
-    for name, raw in headers:
-        if name == b"forwarded":
-            for element in raw.decode("latin-1").split(","):
-                for pair in element.split(";"):
-                    key, _, val = pair.partition("=")
-                    if key.strip().lower() == "proto":
-                        proto = val.strip().strip('"').lower()
-        elif name == b"x-forwarded-proto" and proto is None:
-            proto = raw.decode("latin-1").split(",")[-1].strip().lower()
+    headers = list(headers)
+    protos = _forwarded(headers, "proto") or _x_forwarded(headers, b"x-forwarded-proto")
+    proto = protos[-1].strip().lower() if protos else None
     return proto if proto in ("http", "https") else None
 
 
@@ -113,7 +114,7 @@ def client_behind_proxies(
     if not _trusted(parse_address(peer), networks):
         return peer
     client = peer
-    for entry in reversed(_forwarded_for(headers) or []):
+    for entry in reversed(_forwarded_for(headers)):
         address = parse_address(entry)
         if address is None:
             break
