@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.storage import dsn
 
 MiB = 1024 * 1024
+
+
+def split_list(value: str) -> list[str]:
+    """The entries of a comma-separated setting, trimmed, empty ones dropped."""
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
 
 
 def _default_data_dir() -> Path:
@@ -42,6 +48,12 @@ class Settings(BaseSettings):
     max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
     session_ttl_seconds: Annotated[int, Field(ge=1)] = 86400
     allowed_origins: str = ""
+    #: Host header names (any port) requests may carry, comma-separated, or "*"; "" = only
+    #: localhost, 127.0.0.1 and [::1] when listening on loopback, any host otherwise
+    allowed_hosts: str = ""
+    #: addresses and networks (comma-separated) whose X-Forwarded-For / Forwarded are
+    #: believed; "" = none: the client address is the socket's peer
+    trusted_proxies: str = ""
     log_level: str = "info"
     log_format: str = "json"
     db_pool_size: Annotated[int, Field(ge=1, le=500)] = 10
@@ -59,6 +71,8 @@ class Settings(BaseSettings):
     argon2_time_cost: Annotated[int, Field(ge=1, le=20)] = 3
     argon2_memory_kib: Annotated[int, Field(ge=1024, le=4 * 1024 * 1024)] = 65536
     argon2_parallelism: Annotated[int, Field(ge=1, le=64)] = 4
+    #: passwords set with PUT /users have at least this many characters (and at most 1024)
+    min_password_length: Annotated[int, Field(ge=1, le=1024)] = 8
     #: verified Basic credentials are cached this long (contract: at most 5 s)
     auth_cache_seconds: Annotated[float, Field(ge=0, le=5)] = 5.0
     #: permessage-deflate (RFC 7692) for WebSocket clients that offer it. Off by default, as in
@@ -73,6 +87,16 @@ class Settings(BaseSettings):
             return None
         assert value is not None
         return dsn.check(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_trusted_proxies(cls, value: str) -> str:
+        for entry in split_list(value):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return value
 
     @field_validator("log_level")
     @classmethod

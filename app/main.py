@@ -13,8 +13,9 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema
 
 from app import __version__
-from app.api import problems, ui
+from app.api import docs, problems, ui
 from app.api.edge import PublishEdge
+from app.api.exposure import STATE_CHANGING, ExposureGuard
 from app.api.limits import BodyLimitMiddleware
 from app.api.observability import HttpMetricsMiddleware
 from app.api.rest import (
@@ -66,6 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # (PUT /queues/a%2F) would be redirected, method and body kept, to another
         # resource (/queues/a), and fetch() and curl -L follow such a redirect.
         redirect_slashes=False,
+        # /docs is app.api.docs (Swagger UI from the package, not a CDN); no ReDoc (a CDN too)
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     problems.install(app)
@@ -76,10 +80,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)
     app.include_router(ops.api_router, prefix=API_PREFIX)
+    app.include_router(docs.router)  # Swagger UI at /docs (not in OpenAPI)
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
     app.add_middleware(PublishEdge)  # innermost: the body limit and the metrics apply to it
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
+    app.add_middleware(HttpMetricsMiddleware)  # counts refused bodies too
+    app.add_middleware(ExposureGuard, settings=settings)  # outermost: client address, Host
     _register_body_models(app, publish.BODY_MODELS)
     return app
 
@@ -99,9 +105,38 @@ def _register_body_models(app: FastAPI, models: Sequence[type[BaseModel]]) -> No
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(definitions)
             document["components"]["schemas"] = dict(sorted(schemas.items()))
+            _document_guard_responses(document)
             app.openapi_schema = jsonable_encoder(
                 OpenAPI(**document), by_alias=True, exclude_none=True
             )
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+#: what app.api.exposure answers before any route: (status, description, which operations)
+_GUARD_RESPONSES = (
+    (400, "Malformed JSON, a form content type, or a Host that is not allowed", None),
+    (403, "Not allowed (role, permissions, or a cross-site request)", STATE_CHANGING),
+)
+
+
+def _document_guard_responses(document: dict[str, Any]) -> None:
+    """Every operation may get the Host check's 400, and every state-changing one the
+    cross-site check's 403 (app.api.exposure): say so where a route did not already."""
+    ref = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for path, item in document.get("paths", {}).items():
+        for method, operation in item.items():
+            responses = operation.get("responses")
+            if not isinstance(responses, dict):
+                continue
+            for status, description, methods in _GUARD_RESPONSES:
+                applies = methods is None or (
+                    method.upper() in methods and path.startswith(API_PREFIX)
+                )
+                if applies and str(status) not in responses:
+                    responses[str(status)] = {
+                        "description": description,
+                        "content": {"application/problem+json": ref, "application/json": ref},
+                    }
+            operation["responses"] = dict(sorted(responses.items(), key=lambda kv: kv[0]))

@@ -283,6 +283,7 @@ class BrokerServer(uvicorn.Server):
         super().__init__(config)
         self.broker_app = app
         self.own_process = own_process
+        app.state.listen_host = config.host  # the default of MESSAGEX_ALLOWED_HOSTS (§3)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -309,6 +310,9 @@ def server_config(
         log_config=None,
         log_level=log_level,
         access_log=False,
+        # X-Forwarded-For / Forwarded only from MESSAGEX_TRUSTED_PROXIES (app.api.exposure);
+        # uvicorn's own would believe them from 127.0.0.1 by default
+        proxy_headers=False,
         loop="auto",
         http=CoalescingHttpToolsProtocol,
         ws=BatchingWebSocketProtocol,

@@ -1,8 +1,9 @@
 """The hot edge: the per-message routes answered without FastAPI's per-request machinery.
 
 A pure ASGI middleware in front of the router. For ``POST /api/v1/queues/{name}/messages``,
-``/exchanges/{name}/publish`` and ``/exchanges/{name}/publish-batch`` it reads the JSON body,
-authenticates, decodes the common form of a publish (``schemas.messages.fast_decode_*``),
+``/exchanges/{name}/publish`` and ``/exchanges/{name}/publish-batch`` it authenticates (before
+reading anything of the body: a stranger cannot make it read and parse 16 MiB), reads the JSON
+body, decodes the common form of a publish (``schemas.messages.fast_decode_*``),
 publishes and writes the same response the routes would; for a pull ACK
 (``POST /api/v1/deliveries/{delivery_tag}/ack``) it authenticates and acks. It skips route
 matching, dependency solving and response-model serialisation: most of the broker's CPU for
@@ -33,7 +34,7 @@ from app.api.problems import broker_error_response
 from app.api.rest.consume import ack_pulled
 from app.api.schemas.common import MAX_TAG
 from app.api.schemas.messages import fast_decode_publish, fast_decode_publish_batch
-from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult
+from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult, User
 from app.errors import BrokerError
 
 _PATH = re.compile(r"/api/v1/(queues|exchanges)/([^/]+)/(messages|publish|publish-batch)")
@@ -137,6 +138,14 @@ class PublishEdge:
         if target is None:
             await self.app(scope, receive, send)
             return
+        try:  # before the body (up to MESSAGEX_MAX_REQUEST_BYTES) is read or parsed
+            user = await target.services.auth.authenticate(
+                target.authorization, _client_host(scope)
+            )
+        except BrokerError as exc:
+            scope[TEMPLATE_KEY] = target.template
+            await broker_error_response(exc)(scope, receive, send)
+            return
         body = await _read_body(receive)
         if body is None:  # the client went away
             return
@@ -146,7 +155,7 @@ class PublishEdge:
             return
         scope[TEMPLATE_KEY] = target.template
         try:
-            content = await _publish(scope, target, decoded)
+            content = await _publish(target, decoded, user)
         except BrokerError as exc:
             await broker_error_response(exc)(scope, receive, send)
             return
@@ -155,10 +164,9 @@ class PublishEdge:
         await send({"type": "http.response.body", "body": content})
 
 
-async def _publish(scope: Scope, target: _Target, decoded: Any) -> bytes:
-    """Authenticate and publish; the response body. Raises BrokerError."""
+async def _publish(target: _Target, decoded: Any, user: User) -> bytes:
+    """Publish as ``user``; the response body. Raises BrokerError."""
     services = target.services
-    user = await services.auth.authenticate(target.authorization, _client_host(scope))
     messages: list[OutgoingMessage] = decoded if target.batch else [decoded]
     if target.to_queue:
         results = await services.publisher.publish_to_queue(user, target.name, messages)

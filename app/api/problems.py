@@ -70,7 +70,9 @@ def problem(status: int, title: str, detail: str, code: str, **extra: Any) -> Re
         headers["Retry-After"] = str(extra.pop("retry_after"))
         body.pop("retry_after", None)
     if status == 401:
-        headers["WWW-Authenticate"] = 'Bearer, Basic realm="messagex"'
+        # Bearer only: a Basic challenge makes browsers prompt and then send the cached
+        # credentials with every request, cross-site forms included (contract §3).
+        headers["WWW-Authenticate"] = 'Bearer realm="messagex"'
     return Response(
         orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
     )
@@ -182,9 +184,9 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     from app.api.schemas.common import Problem
 
     descriptions = {
-        400: "Malformed JSON",
+        400: "Malformed JSON, a form content type, or a Host that is not allowed",
         401: "Missing or bad credentials",
-        403: "Not allowed",
+        403: "Not allowed (role, permissions, or a cross-site request)",
         404: "Not found",
         409: "Precondition failed",
         413: "Message too large",

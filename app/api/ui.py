@@ -6,8 +6,9 @@ REST API with a Bearer token) and neither is an API operation, so both stay out 
 OpenAPI document.
 
 Every UI response carries a strict Content-Security-Policy: scripts and styles only from
-this origin (no inline script, no ``eval``), no plugins, no framing, and network access only
-to this origin and WebSockets. The page builds its DOM with ``textContent``, so escaping is
+this origin (no inline script, no ``eval``), no plugins, no framing, and network access
+(``fetch`` and WebSocket alike: CSP Level 3's ``'self'`` covers ``ws:``/``wss:`` to this host and
+port) only to this origin. The page builds its DOM with ``textContent``, so escaping is
 structural; the policy is the second wall should that ever slip.
 """
 
@@ -28,7 +29,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "script-src 'self'",
         "style-src 'self'",
         "img-src 'self' data:",
-        "connect-src 'self' ws: wss:",
+        "connect-src 'self'",
         "object-src 'none'",
         "base-uri 'none'",
         "form-action 'self'",

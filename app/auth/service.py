@@ -329,19 +329,29 @@ class AuthService:
         )
         self._raise_if_limited(found)
         account = found.account
-        if account is None:
-            if lookup_name is not None:
-                # Same work as a wrong password, so timing does not reveal who exists. A name
-                # no user can have reveals nothing and is refused without the cost.
-                await self.passwords.verify_dummy(password)
+        if account is None and lookup_name is None:
+            # A name no user can have reveals nothing and is refused without Argon2.
             await self._fail(limits, BAD_PASSWORD)
-        if verified_hash is not None and hmac.compare_digest(
-            verified_hash.encode(), account.password_hash.encode()
+        if (
+            account is not None
+            and verified_hash is not None
+            and hmac.compare_digest(verified_hash.encode(), account.password_hash.encode())
         ):
             ok, new_hash = True, None
         else:
+            # Argon2 runs only for an attempt already counted as a failure: concurrent wrong
+            # passwords cannot all pass the limit check while the first ones are hashed.
+            counts = await self._reserve(limits)
+            if account is None:
+                # Same work as a wrong password, so timing does not reveal who exists.
+                await self.passwords.verify_dummy(password)
+                self._refuse(limits, counts, BAD_PASSWORD)
             ok, new_hash = await self.passwords.verify_and_update(password, account.password_hash)
-        if not ok or not self._from_allowed_host(account.user, client_host):
+            if not ok or not self._from_allowed_host(account.user, client_host):
+                self._refuse(limits, counts, BAD_PASSWORD)
+            async with self.db.transaction() as conn:
+                await accounts.release_failures(conn, list(limits), WINDOW_SECONDS)
+        if not self._from_allowed_host(account.user, client_host):
             await self._fail(limits, BAD_PASSWORD)
         if new_hash is not None:
             async with self.db.transaction() as conn:
@@ -375,20 +385,40 @@ class AuthService:
             return
         # Remember the lockout so that the Basic cache is bypassed for these keys.
         self._lock_locally(found.locked, retry_after)
-        raise RateLimited(
-            retry_after,
-            f"too many failed authentication attempts; retry in {max(1, retry_after)} s",
-        )
+        raise RateLimited(retry_after, _too_many(retry_after))
 
     async def _fail(self, limits: Mapping[str, int], message: str) -> NoReturn:
         """Count a failed authentication against ``limits``' keys, then refuse it."""
-        self.metrics.auth_failures.inc()
+        counts: dict[str, int] = {}
         if limits:
             async with self.db.connect() as conn:
                 counts = await accounts.record_failures(conn, list(limits), WINDOW_SECONDS)
-            reached = {key: limits[key] for key, n in counts.items() if n >= limits[key]}
-            if reached:
-                self._lock_locally(reached, WINDOW_SECONDS)
+        self._refuse(limits, counts, message)
+
+    async def _reserve(self, limits: Mapping[str, int]) -> dict[str, int]:
+        """Count this attempt as a failure before its password is checked; 429 (and nothing
+        counted) when that takes a key past its limit. Returns the keys' counts with it."""
+        if not limits:
+            return {}
+        try:
+            async with self.db.transaction() as conn:
+                retry_after, counts = await accounts.reserve_failures(conn, limits, WINDOW_SECONDS)
+                if retry_after is not None:
+                    raise RateLimited(retry_after)  # rolls the reservation back
+        except RateLimited as exc:
+            over = [key for key, n in counts.items() if n > limits[key]]
+            self._lock_locally(over, exc.retry_after)
+            raise RateLimited(exc.retry_after, _too_many(exc.retry_after)) from None
+        return counts
+
+    def _refuse(
+        self, limits: Mapping[str, int], counts: Mapping[str, int], message: str
+    ) -> NoReturn:
+        """Refuse a failed authentication already counted (``counts``: key → its count)."""
+        self.metrics.auth_failures.inc()
+        reached = {key: limits[key] for key, n in counts.items() if n >= limits[key]}
+        if reached:
+            self._lock_locally(reached, WINDOW_SECONDS)
         raise Unauthorized(message)
 
     def _lock_locally(self, keys: Iterable[str], seconds: int) -> None:
@@ -483,7 +513,7 @@ class AuthService:
         """
         authz.require_admin(actor)
         perms = permissions or Permissions()
-        _validate_user(name, password, perms)
+        _validate_user(name, password, perms, self.settings.min_password_length)
         password_hash = await self._hash_for(name, password)
         async with self.db.transaction() as conn:
             current = await accounts.get_account(conn, name, for_update=True)
@@ -534,6 +564,10 @@ class AuthService:
         await self._emit(UserRevoked(name, "deleted"))
 
 
+def _too_many(retry_after: int) -> str:
+    return f"too many failed authentication attempts; retry in {max(1, retry_after)} s"
+
+
 def _password_required() -> ValidationFailed:
     return ValidationFailed(
         "password: a password is required to create a user",
@@ -543,7 +577,9 @@ def _password_required() -> ValidationFailed:
     )
 
 
-def _validate_user(name: str, password: str | None, perms: Permissions) -> None:
+def _validate_user(
+    name: str, password: str | None, perms: Permissions, min_password_length: int
+) -> None:
     errors: list[dict[str, Any]] = []
     if not is_valid_name(name):
         errors.append(
@@ -553,9 +589,13 @@ def _validate_user(name: str, password: str | None, perms: Permissions) -> None:
                 "type": "string_pattern_mismatch",
             }
         )
-    if password == "":
+    if password is not None and len(password) < min_password_length:
         errors.append(
-            {"loc": ["body", "password"], "msg": "must not be empty", "type": "string_too_short"}
+            {
+                "loc": ["body", "password"],
+                "msg": f"must have at least {min_password_length} characters",
+                "type": "string_too_short",
+            }
         )
     for field in ("configure", "write", "read"):
         problem = authz.check_pattern(getattr(perms, field))

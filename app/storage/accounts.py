@@ -135,19 +135,73 @@ async def record_failures(
     starts a new one at 1. Keys are upserted in sorted order so that concurrent callers lock
     rows in the same order (no deadlock).
     """
+    counted = await _count_failures(conn, keys, window_seconds)
+    return {key: failures for key, (failures, _) in counted.items()}
+
+
+async def _count_failures(
+    conn: AsyncConnection, keys: Sequence[str], window_seconds: int
+) -> dict[str, tuple[int, int]]:
+    """Count one failure against each key: key → (failures in its window, seconds left)."""
     if not keys:
         return {}
     ordered = sorted(set(keys))
     window_over = auth_failures.c.window_start + _window(window_seconds) <= func.now()
     insert = pg_insert(auth_failures).values([{"key": key} for key in ordered])
+    window_end = auth_failures.c.window_start + _window(window_seconds)
     stmt = insert.on_conflict_do_update(
         index_elements=[auth_failures.c.key],
         set_={
             "window_start": case((window_over, func.now()), else_=auth_failures.c.window_start),
             "failures": case((window_over, 1), else_=auth_failures.c.failures + 1),
         },
-    ).returning(auth_failures.c.key, auth_failures.c.failures)
-    return {row.key: row.failures for row in await conn.execute(stmt)}
+    ).returning(
+        auth_failures.c.key,
+        auth_failures.c.failures,
+        cast(func.ceil(extract("epoch", window_end - func.now())), Integer).label("left"),
+    )
+    return {row.key: (row.failures, row.left) for row in await conn.execute(stmt)}
+
+
+async def reserve_failures(
+    conn: AsyncConnection, limits: Mapping[str, int], window_seconds: int
+) -> tuple[int | None, dict[str, int]]:
+    """Count one failure against each key of ``limits`` *before* the password is checked, so
+    that concurrent attempts cannot all pass the limit check (contract §3).
+
+    Returns (None, each key's count) when every key stays within its limit (the failure is
+    counted; release it with ``release_failures`` if the password turns out right), else the
+    seconds until the longest window over the limit ends; the caller must then roll the
+    transaction back, so that a refused attempt is not counted.
+    """
+    counted = await _count_failures(conn, list(limits), window_seconds)
+    over = [left for key, (failures, left) in counted.items() if failures > limits[key]]
+    counts = {key: failures for key, (failures, _) in counted.items()}
+    return (max(over) if over else None), counts
+
+
+async def release_failures(conn: AsyncConnection, keys: Sequence[str], window_seconds: int) -> None:
+    """Take back a failure ``reserve_failures`` counted (the password was right); a counter
+    back at zero is deleted, so the next failure starts a new window."""
+    if not keys:
+        return
+    ordered = sorted(set(keys))
+    # lock the rows in key order, as the upsert does (no deadlock between the two)
+    await conn.execute(
+        select(auth_failures.c.key)
+        .where(auth_failures.c.key.in_(ordered))
+        .order_by(auth_failures.c.key)
+        .with_for_update()
+    )
+    open_window = auth_failures.c.window_start + _window(window_seconds) > func.now()
+    await conn.execute(
+        update(auth_failures)
+        .where(auth_failures.c.key.in_(ordered), auth_failures.c.failures > 0, open_window)
+        .values(failures=auth_failures.c.failures - 1)
+    )
+    await conn.execute(
+        delete(auth_failures).where(auth_failures.c.key.in_(ordered), auth_failures.c.failures <= 0)
+    )
 
 
 async def delete_stale_failures(conn: AsyncConnection, window_seconds: int) -> int:

@@ -193,7 +193,7 @@ def test_protected_routes_refuse_anonymous_callers(anon: httpx.Client) -> None:
 def test_unknown_user_and_wrong_password_get_the_same_answer(
     server: LiveServer, admin: httpx.Client
 ) -> None:
-    make_user(admin, "dave", "dave-pw")
+    make_user(admin, "dave", "dave-password")
     unknown = post_login(server, "nobody", "whatever")
     wrong = post_login(server, "dave", "not-dave-pw")
     assert unknown.status_code == wrong.status_code == 401
@@ -246,13 +246,13 @@ def test_login_response_and_errors_never_echo_the_password(server: LiveServer) -
 def test_ten_failures_for_a_user_lock_it_out_even_with_the_right_password(
     server: LiveServer, admin: httpx.Client, database_url: str
 ) -> None:
-    make_user(admin, "erin", "erin-pw")
+    make_user(admin, "erin", "erin-password")
     for _ in range(10):
         assert_unauthorized(post_login(server, "erin", "wrong"))
     assert failures(database_url) == {"user:erin": 10, ADDR: 10}
 
-    assert_rate_limited(post_login(server, "erin", "erin-pw"))
-    assert_rate_limited(me(server, auth=("erin", "erin-pw")))
+    assert_rate_limited(post_login(server, "erin", "erin-password"))
+    assert_rate_limited(me(server, auth=("erin", "erin-password")))
     assert_rate_limited(post_login(server, "erin", "wrong"))
     # 429 answers are not counted.
     assert failures(database_url) == {"user:erin": 10, ADDR: 10}
@@ -264,7 +264,7 @@ def test_ten_failures_for_a_user_lock_it_out_even_with_the_right_password(
         database_url,
         "UPDATE auth_failures SET window_start = window_start - interval '61 seconds'",
     )
-    assert post_login(server, "erin", "erin-pw").status_code == 201
+    assert post_login(server, "erin", "erin-password").status_code == 201
 
 
 def test_unknown_usernames_are_limited_too(server: LiveServer, database_url: str) -> None:
@@ -312,12 +312,12 @@ def test_requests_without_credentials_are_not_counted(
 def test_reaching_the_limit_drops_the_cached_basic_entry_at_once(
     server: LiveServer, admin: httpx.Client, database_url: str
 ) -> None:
-    make_user(admin, "gina", "gina-pw")
-    assert me(server, auth=("gina", "gina-pw")).status_code == 200  # now cached
+    make_user(admin, "gina", "gina-password")
+    assert me(server, auth=("gina", "gina-password")).status_code == 200  # now cached
     admin_sql(database_url, "INSERT INTO auth_failures (key, failures) VALUES ('user:gina', 9)")
-    assert me(server, auth=("gina", "gina-pw")).status_code == 200  # a cache hit: no database
+    assert me(server, auth=("gina", "gina-password")).status_code == 200  # a cache hit: no database
     assert_unauthorized(me(server, auth=("gina", "wrong")))  # the 10th failure, on this process
-    assert_rate_limited(me(server, auth=("gina", "gina-pw")))
+    assert_rate_limited(me(server, auth=("gina", "gina-password")))
 
 
 def test_failures_on_two_processes_add_up(database_url: str) -> None:
@@ -328,13 +328,13 @@ def test_failures_on_two_processes_add_up(database_url: str) -> None:
         running_server(settings_for(database_url)) as two,
     ):
         with client(one.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as adm:
-            make_user(adm, "hank", "hank-pw")
+            make_user(adm, "hank", "hank-password")
         admin_sql(database_url, "INSERT INTO auth_failures (key, failures) VALUES ('user:hank', 8)")
         assert_unauthorized(post_login(one, "hank", "wrong"))
-        assert post_login(two, "hank", "hank-pw").status_code == 201  # 9 failures: not yet
+        assert post_login(two, "hank", "hank-password").status_code == 201  # 9 failures: not yet
         assert_unauthorized(post_login(two, "hank", "wrong"))
-        assert_rate_limited(post_login(one, "hank", "hank-pw"))
-        assert_rate_limited(me(two, auth=("hank", "hank-pw")))
+        assert_rate_limited(post_login(one, "hank", "hank-password"))
+        assert_rate_limited(me(two, auth=("hank", "hank-password")))
         assert failures(database_url)["user:hank"] == 10
 
 

@@ -191,7 +191,7 @@ def test_pull_acks_answer_as_the_contract_says_and_are_counted(
     with httpx.Client(base_url=f"{server.base_url}/api/v1") as anonymous:
         r = anonymous.post(f"/deliveries/{tags[1]}/ack")
     assert r.status_code == 401
-    assert r.headers["www-authenticate"] == 'Bearer, Basic realm="messagex"'
+    assert r.headers["www-authenticate"] == 'Bearer realm="messagex"'
     long = admin.post(f"/deliveries/{'1' * 129}/ack")  # longer than a tag may be: the route's 422
     assert long.status_code == 422
     assert long.json()["code"] == "validation_error"

@@ -3,20 +3,25 @@
 - The run authenticates as the bootstrap admin, whose password and existence the fuzzer could
   otherwise change (``PUT``/``DELETE /users/admin``) halfway through, leaving every later case
   an uninteresting 401: cases aimed at that one name are skipped.
-- Three rules of the contract that JSON Schema cannot say are left out of the positive cases:
+- Four rules of the contract that JSON Schema cannot say are left out of the positive cases:
   an integer field written as an integral float (``76.0``) is refused (§12: integers are
-  integers), a queue may not be its own dead-letter queue (§5), and a user's permission
-  patterns must be regular expressions (§3; a generator does not honour ``format: regex``).
+  integers), a queue may not be its own dead-letter queue (§5), a user's permission
+  patterns must be regular expressions RE2 compiles (§3; a generator does not honour
+  ``format: regex``), and a password has at least ``MESSAGEX_MIN_PASSWORD_LENGTH``
+  characters (§3; a setting, so the schema says only 1).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import schemathesis
 
+from app.auth.permissions import check_pattern
+from app.config import Settings
 from tests.support import ADMIN_USER
+
+MIN_PASSWORD_LENGTH = Settings.model_fields["min_password_length"].default
 
 
 @schemathesis.hook
@@ -41,13 +46,15 @@ def _has_invalid_pattern(body: Any) -> bool:
     permissions = body.get("permissions") if isinstance(body, dict) else None
     if not isinstance(permissions, dict):
         return False
-    for pattern in permissions.values():
-        if isinstance(pattern, str):
-            try:
-                re.compile(pattern)
-            except re.error:
-                return True
-    return False
+    return any(
+        isinstance(pattern, str) and check_pattern(pattern) is not None
+        for pattern in permissions.values()
+    )
+
+
+def _has_short_password(body: Any) -> bool:
+    password = body.get("password") if isinstance(body, dict) else None
+    return isinstance(password, str) and len(password) < MIN_PASSWORD_LENGTH
 
 
 @schemathesis.hook
@@ -55,7 +62,7 @@ def filter_case(context: Any, case: Any) -> bool:
     body = case.body if isinstance(case.body, (dict, list)) else None
     if body is None:
         return True
-    if _has_integral_float(body) or _has_invalid_pattern(body):
+    if _has_integral_float(body) or _has_invalid_pattern(body) or _has_short_password(body):
         return False
     name = (case.path_parameters or {}).get("name")
     return not (isinstance(body, dict) and name and body.get("dead_letter_queue") == name)

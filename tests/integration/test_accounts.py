@@ -84,22 +84,26 @@ async def test_user_failures_add_up_across_two_services(
     db: Database, other_db: Database, database_url: str
 ) -> None:
     one, two = service(db, database_url), service(other_db, database_url)
-    await one.put_user(ROOT, "bob", "bob-pw", Role.USER, Permissions())
+    await one.put_user(ROOT, "bob", "bob-pw-password", Role.USER, Permissions())
     for i in range(9):
         with pytest.raises(Unauthorized):
             await (one if i % 2 else two).authenticate_password("bob", "wrong", "127.0.0.1")
-    assert (await two.authenticate_password("bob", "bob-pw", "127.0.0.1")).username == "bob"
+    assert (
+        await two.authenticate_password("bob", "bob-pw-password", "127.0.0.1")
+    ).username == "bob"
     with pytest.raises(Unauthorized):
         await one.authenticate_password("bob", "wrong", "127.0.0.1")  # the 10th
 
     for svc in (one, two):
         with pytest.raises(RateLimited) as info:
-            await svc.authenticate_password("bob", "bob-pw", "127.0.0.1")
+            await svc.authenticate_password("bob", "bob-pw-password", "127.0.0.1")
         assert 1 <= info.value.retry_after <= 60
         with pytest.raises(RateLimited):
-            await svc.login("bob", "bob-pw", "192.0.2.7")  # any address: the user is locked
+            await svc.login(
+                "bob", "bob-pw-password", "192.0.2.7"
+            )  # any address: the user is locked
         with pytest.raises(RateLimited):
-            await svc.authenticate(basic("bob", "bob-pw"), "127.0.0.1")
+            await svc.authenticate(basic("bob", "bob-pw-password"), "127.0.0.1")
     assert (await failure_counts(db))["user:bob"] == 10
 
 
@@ -184,7 +188,7 @@ async def test_requests_without_credentials_are_not_counted(
 
 async def test_unknown_user_and_wrong_password_fail_alike(db: Database, database_url: str) -> None:
     svc = service(db, database_url)
-    await svc.put_user(ROOT, "carol", "c-pw", Role.USER, Permissions())
+    await svc.put_user(ROOT, "carol", "c-pw-password", Role.USER, Permissions())
     errors = []
     for name, password in (("carol", "nope"), ("nobody", "nope"), ("bad name!", "nope")):
         with pytest.raises(Unauthorized) as info:
@@ -291,11 +295,13 @@ async def test_outdated_hash_parameters_are_upgraded_on_login(
 
 async def test_passwords_are_stored_as_argon2id_hashes(db: Database, database_url: str) -> None:
     svc = AuthService(db, settings_for(database_url), Metrics())  # the production parameters
-    await svc.put_user(ROOT, "pat", "pat-pw", Role.USER, Permissions())
+    await svc.put_user(ROOT, "pat", "pat-pw-password", Role.USER, Permissions())
     stored = await scalar(db, "SELECT password_hash FROM broker_users WHERE username = 'pat'")
     assert stored.startswith("$argon2id$")
-    assert "pat-pw" not in stored
-    assert (await svc.authenticate_password("pat", "pat-pw", "127.0.0.1")).username == "pat"
+    assert "pat-pw-password" not in stored
+    assert (
+        await svc.authenticate_password("pat", "pat-pw-password", "127.0.0.1")
+    ).username == "pat"
 
 
 # --- sessions -------------------------------------------------------------------------------
@@ -369,7 +375,7 @@ async def test_sweep_deletes_expired_sessions_and_stale_counters(
 
 async def test_a_session_for_a_deleted_user_is_not_created(db: Database, database_url: str) -> None:
     svc = service(db, database_url)
-    await svc.put_user(ROOT, "gone", "pw", Role.USER, Permissions())
+    await svc.put_user(ROOT, "gone", "gone-password", Role.USER, Permissions())
     async with db.transaction() as conn:
         account = await accounts.get_account(conn, "gone")
         assert account is not None
@@ -393,16 +399,16 @@ async def test_events_for_the_websocket_layer(db: Database, database_url: str) -
     svc.add_listener(broken)
     svc.add_listener(collect)
     perms = Permissions(read="a")
-    await svc.put_user(ROOT, "eve", "e-pw", Role.USER, perms)
-    await svc.put_user(ROOT, "eve", "e-pw", Role.USER, perms)  # identical: no event
+    await svc.put_user(ROOT, "eve", "e-pw-password", Role.USER, perms)
+    await svc.put_user(ROOT, "eve", "e-pw-password", Role.USER, perms)  # identical: no event
     await svc.put_user(ROOT, "eve", None, Role.USER, perms)  # identical: no event
     assert events == []
     await svc.put_user(ROOT, "eve", None, Role.USER, Permissions(read="b"))
     await svc.put_user(ROOT, "eve", None, Role.ADMIN, Permissions(read="b"))
-    await svc.put_user(ROOT, "eve", "new-pw", Role.ADMIN, Permissions(read="b"))
-    token, _ = await svc.login("eve", "new-pw", "127.0.0.1")
+    await svc.put_user(ROOT, "eve", "new-pw-password", Role.ADMIN, Permissions(read="b"))
+    token, _ = await svc.login("eve", "new-pw-password", "127.0.0.1")
     await svc.logout(f"Bearer {token}")
-    await svc.logout(basic("eve", "new-pw"))  # nothing to revoke
+    await svc.logout(basic("eve", "new-pw-password"))  # nothing to revoke
     await svc.delete_user(ROOT, "eve")
     assert events == [
         UserRevoked("eve", "permissions_changed"),
@@ -428,7 +434,7 @@ async def test_user_management_validates_and_authorizes(db: Database, database_u
         await svc.put_user(ROOT, "x", None, Role.USER, Permissions())
     assert info.value.errors[0]["loc"] == ["body", "password"]
     with pytest.raises(ValidationFailed) as info:
-        await svc.put_user(ROOT, "x", "pw", Role.USER, Permissions(write="[", read="("))
+        await svc.put_user(ROOT, "x", "x-password", Role.USER, Permissions(write="[", read="("))
     assert [e["loc"] for e in info.value.errors] == [
         ["body", "permissions", "write"],
         ["body", "permissions", "read"],
@@ -447,7 +453,7 @@ async def test_user_management_validates_and_authorizes(db: Database, database_u
 async def test_concurrent_creates_of_one_user(db: Database, database_url: str) -> None:
     svc = service(db, database_url)
     results = await asyncio.gather(
-        *(svc.put_user(ROOT, "twin", f"pw-{i}", Role.USER, Permissions()) for i in range(4))
+        *(svc.put_user(ROOT, "twin", f"password-{i}", Role.USER, Permissions()) for i in range(4))
     )
     assert sorted(created for _, created in results) == [False, False, False, True]
     assert await scalar(db, "SELECT count(*) FROM broker_users") == 1
@@ -556,19 +562,19 @@ async def test_basic_cache_renews_without_argon2_until_the_hash_changes(
 ) -> None:
     svc = service(db, database_url, auth_cache_seconds=0.05)
     counting = svc.passwords = _CountingPasswords()
-    await svc.put_user(ROOT, "renew", "pw-1", Role.USER, Permissions())
-    header = basic("renew", "pw-1")
+    await svc.put_user(ROOT, "renew", "password-1", Role.USER, Permissions())
+    header = basic("renew", "password-1")
     assert (await svc.authenticate(header, "127.0.0.1")).username == "renew"
     assert counting.verifications == 1
     for _ in range(3):  # expired entries, same stored hash: renewed from the database row
-        wait_for(lambda: svc.cache.get(svc.cache.key("renew", "pw-1")) is None, timeout=2)
+        wait_for(lambda: svc.cache.get(svc.cache.key("renew", "password-1")) is None, timeout=2)
         assert (await svc.authenticate(header, "127.0.0.1")).username == "renew"
     assert counting.verifications == 1
     # another process changes the password: the hash in the database is no longer the one
     # that was verified, so the next expiry verifies again, and the old password fails
     other = service(db, database_url)
-    await other.put_user(ROOT, "renew", "pw-2", Role.USER, Permissions())
-    wait_for(lambda: svc.cache.get(svc.cache.key("renew", "pw-1")) is None, timeout=2)
+    await other.put_user(ROOT, "renew", "password-2", Role.USER, Permissions())
+    wait_for(lambda: svc.cache.get(svc.cache.key("renew", "password-1")) is None, timeout=2)
     with pytest.raises(Unauthorized):
         await svc.authenticate(header, "127.0.0.1")
     assert counting.verifications == 2
@@ -579,9 +585,9 @@ async def test_concurrent_cache_misses_share_one_verification(
 ) -> None:
     svc = service(db, database_url)
     counting = svc.passwords = _CountingPasswords()
-    await svc.put_user(ROOT, "flock", "pw", Role.USER, Permissions())
+    await svc.put_user(ROOT, "flock", "flock-password", Role.USER, Permissions())
     users = await asyncio.gather(
-        *[svc.authenticate(basic("flock", "pw"), "127.0.0.1") for _ in range(20)]
+        *[svc.authenticate(basic("flock", "flock-password"), "127.0.0.1") for _ in range(20)]
     )
     assert {u.username for u in users} == {"flock"}
     assert counting.verifications == 1

@@ -25,7 +25,7 @@ def test_index_is_served_at_root_with_a_strict_policy(ui_server: LiveServer) -> 
     }
     assert csp["default-src"] == "'self'"
     assert csp["script-src"] == "'self'"  # no 'unsafe-inline', no 'unsafe-eval'
-    assert csp["connect-src"] == "'self' ws: wss:"
+    assert csp["connect-src"] == "'self'"  # WebSockets to this origin only (issue 18)
     assert csp["frame-ancestors"] == "'none'"
     assert csp["object-src"] == "'none'"
     assert r.headers["x-content-type-options"] == "nosniff"

@@ -72,7 +72,8 @@ class UserPut(StrictModel):
         Field(
             min_length=1,
             max_length=1024,
-            description="Required to create a user; omit on update to keep the current one",
+            description="Required to create a user; omit on update to keep the current one. "
+            "At least MESSAGEX_MIN_PASSWORD_LENGTH (default 8) characters.",
         ),
     ] = None
     role: Role = Role.USER
