@@ -13,10 +13,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Integer,
     Interval,
     LargeBinary,
     case,
+    cast,
     delete,
+    extract,
     func,
     literal,
     select,
