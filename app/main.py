@@ -77,7 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(ops.api_router, prefix=API_PREFIX)
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
-    app.add_middleware(PublishEdge)  # innermost: the body limit and the metrics apply to it
+    # innermost: the body limit and the metrics apply to it; it finds its routes in app.routes
+    app.add_middleware(PublishEdge, routes=app.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts refused bodies too
     _register_body_models(app, publish.BODY_MODELS)
