@@ -4,7 +4,7 @@ once per message), and a direct exchange looks only at the bindings with the mes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -22,15 +22,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Each call of the routing function: the message's key and the bindings' queues."""
     seen: list[Call] = []
 
-    def counting(
-        kind: ExchangeType,
-        bindings: Iterable[BindingRule],
-        routing_key: str,
-        headers: Mapping[str, Any],
-    ) -> list[str]:
+    def counting(kind: ExchangeType, bindings: Iterable[BindingRule], *key_headers: Any) -> Any:
         bindings = list(bindings)
-        seen.append((routing_key, [b.queue for b in bindings]))
-        return route(kind, bindings, routing_key, headers)
+        seen.append((key_headers[0], [b.queue for b in bindings]))
+        return route(kind, bindings, *key_headers)
 
     monkeypatch.setattr(publisher, "route", counting)
     return seen
