@@ -1,8 +1,9 @@
 """The hot edge: the per-message routes answered without FastAPI's per-request machinery.
 
 A pure ASGI middleware in front of the router. For the three publish routes (one message to
-an exchange, a batch to an exchange, one message straight to a queue) it reads the JSON body,
-authenticates, decodes the common form of a publish (the ``fast`` form of
+an exchange, a batch to an exchange, one message straight to a queue) it authenticates
+(before reading anything of the body: a stranger cannot make it read and parse 16 MiB), reads
+the JSON body, decodes the common form of a publish (the ``fast`` form of
 ``schemas.messages.PUBLISH`` / ``PUBLISH_BATCH``, app.api.shortcut), publishes and writes the
 same response the routes would; for a pull ACK it authenticates and acks. It skips route
 matching, dependency solving and response-model serialisation: most of the broker's CPU for
@@ -40,7 +41,7 @@ from app.api.rest import consume, publish
 from app.api.schemas.common import MAX_TAG
 from app.api.schemas.messages import PUBLISH, PUBLISH_BATCH
 from app.broker.services import Services
-from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult
+from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult, User
 from app.errors import BrokerError
 
 _NAME = re.compile(NAME_PATTERN)
@@ -71,6 +72,12 @@ class Publish:
         if not _NAME.fullmatch(name) or not _json_content(scope):
             await route(scope, receive, send)
             return
+        try:  # before the body (up to MESSAGEX_MAX_REQUEST_BYTES) is read or parsed
+            user = await services.auth.authenticate(_authorization(scope), _client_host(scope))
+        except BrokerError as exc:
+            scope[TEMPLATE_KEY] = hot.template
+            await broker_error_response(exc)(scope, receive, send)
+            return
         body = await _read_body(receive)
         if body is None:  # the client went away
             return
@@ -80,7 +87,7 @@ class Publish:
             return
         scope[TEMPLATE_KEY] = hot.template
         try:
-            content = await self._publish(scope, services, name, decoded)
+            content = await self._publish(services, user, name, decoded)
         except BrokerError as exc:
             await broker_error_response(exc)(scope, receive, send)
             return
@@ -90,13 +97,12 @@ class Publish:
 
     async def _publish(
         self,
-        scope: Scope,
         services: Services,
+        user: User,
         name: str,
         decoded: OutgoingMessage | list[OutgoingMessage],
     ) -> bytes:
-        """Authenticate and publish; the response body. Raises BrokerError."""
-        user = await services.auth.authenticate(_authorization(scope), _client_host(scope))
+        """Publish as ``user``; the response body. Raises BrokerError."""
         messages = decoded if isinstance(decoded, list) else [decoded]
         if self.to_queue:
             results = await services.publisher.publish_to_queue(user, name, messages)
