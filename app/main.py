@@ -82,7 +82,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.api_router, prefix=API_PREFIX)
     app.include_router(docs.router)  # Swagger UI at /docs (not in OpenAPI)
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
-    app.add_middleware(PublishEdge)  # innermost: the body limit and the metrics apply to it
+    # innermost: the body limit and the metrics apply to it; it finds its routes in app.routes
+    app.add_middleware(PublishEdge, routes=app.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(HttpMetricsMiddleware)  # counts refused bodies too
     app.add_middleware(ExposureGuard, settings=settings)  # outermost: client address, Host

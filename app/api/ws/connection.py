@@ -1,9 +1,12 @@
 """One WebSocket connection: authentication, the frame loop, a bounded outbox and its sender.
 
-States: AUTHENTICATING → OPEN → CLOSING. The reader parses every frame with one TypeAdapter
-and never blocks on the database for an ACK/NACK (those run as tasks, so acks that arrive
-together settle together); the sender drains the outbox, so a slow socket never blocks
-dispatch to anyone else and holds no database connection while it waits.
+States: AUTHENTICATING → OPEN → CLOSING, moved only as app.api.ws.lifecycle allows. The
+reader parses every frame (``frames.parse``) and hands it to the handler of its type (a
+frame type → handler table per state). It never blocks on the database for an ACK/NACK:
+ACK frames are batched (app.api.ws.acks, so acks that arrive together settle together),
+NACK and PUBLISH run as tasks (app.api.ws.inflight bounds them); the sender drains the
+outbox, so a slow socket never blocks dispatch to anyone else and holds no database
+connection while it waits.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -25,12 +27,14 @@ from app import serverext
 from app.api.codec import render
 from app.api.deliveries import delivery_fields
 from app.api.problems import error_frame
-from app.api.ws import frames
-from app.auth.tokens import digest as token_digest
+from app.api.ws import frames, handlers
+from app.api.ws.acks import AckBatcher, FrameId
+from app.api.ws.inflight import InFlight
+from app.api.ws.lifecycle import Lifecycle, State
 from app.broker.consumers import Subscription
 from app.broker.services import Services
 from app.domain.model import Delivery, User
-from app.errors import BadFrame, BrokerError, RateLimited, Unauthorized, UnknownDeliveryTag
+from app.errors import BadFrame, BrokerError
 
 log = logging.getLogger("messagex.ws")
 
@@ -46,12 +50,6 @@ OUTBOX_SOFT_LIMIT = 256
 MAX_INFLIGHT_OPS = 1024
 #: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
 OPS_GRACE_SECONDS = 5.0
-
-
-class State(Enum):
-    AUTHENTICATING = 1
-    OPEN = 2
-    CLOSING = 3
 
 
 class _Close:
@@ -132,14 +130,17 @@ class WsConnection:
         self.id = str(uuid.uuid4())
         self.user: User = user  # type: ignore[assignment]  # set before OPEN
         self.digest = digest
-        self.state = State.AUTHENTICATING if user is None else State.OPEN
+        self.life = Lifecycle()  # AUTHENTICATING until opened()
         self.outbox = Outbox()
         self.inbound = Inbound(ws)
         self._bad_frames: deque[float] = deque()
-        self._ops: set[asyncio.Future[Any]] = set()
-        self._ops_room = asyncio.Event()  # set when an op finished (room for another)
-        self._acks: list[tuple[frames.Ack, str | int | None]] = []  # read, not yet settling
+        self.ops = InFlight(MAX_INFLIGHT_OPS)
+        self.acks = AckBatcher(partial(self.engine.ack_soon, self), self.ops.track, self.send)
         self.client = ws.client.host if ws.client else None
+
+    @property
+    def state(self) -> State:
+        return self.life.state
 
     # -- Outlet (what the broker calls) -----------------------------------------------------
 
@@ -155,8 +156,8 @@ class WsConnection:
         self.send({"type": "SUBSCRIPTION_CANCELLED", "queue": queue, "reason": reason})
 
     def close(self, code: int, reason: str) -> None:
-        if self.state is not State.CLOSING:
-            self.state = State.CLOSING
+        """Send a close frame after what is queued; once (a second close is a no-op)."""
+        if self.state is not State.CLOSING and self.life.move(State.CLOSING):
             self.outbox.push(_Close(code, reason))
 
     # -- sending ----------------------------------------------------------------------------
@@ -164,12 +165,12 @@ class WsConnection:
     def send(self, frame: dict[str, Any]) -> None:
         self.outbox.push(orjson.dumps(frame))
 
-    def reply(self, frame_id: str | int | None, frame: dict[str, Any]) -> None:
+    def reply(self, frame_id: FrameId, frame: dict[str, Any]) -> None:
         if frame_id is not None:
             frame["id"] = frame_id
         self.send(frame)
 
-    def error(self, exc: BrokerError, frame_id: str | int | None = None, **fields: Any) -> None:
+    def error(self, exc: BrokerError, frame_id: FrameId = None, **fields: Any) -> None:
         self.send(error_frame(exc, frame_id, **fields))
 
     async def _sender(self) -> None:
@@ -236,13 +237,8 @@ class WsConnection:
             await asyncio.gather(reader, sender, return_exceptions=True)
             # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
             # just before closing must not become a redelivery); bounded, then cancelled.
-            self._flush_acks()
-            if self._ops:
-                await asyncio.wait(set(self._ops), timeout=OPS_GRACE_SECONDS)
-            for op in list(self._ops):
-                op.cancel()
-            if self._ops:
-                await asyncio.gather(*self._ops, return_exceptions=True)
+            self.acks.flush()
+            await self.ops.drain(OPS_GRACE_SECONDS)
             if self.state is not State.AUTHENTICATING or self.user is not None:
                 try:
                     await self.engine.disconnect(self)
@@ -256,12 +252,18 @@ class WsConnection:
                     await self._authenticate()
                 if not self.is_open():
                     return
+            table = handlers.HANDLERS
             while True:
                 await self.outbox.wait_for_room()
                 data = await self.inbound.next()
                 if data is None:
                     return
-                await self._on_message(data)
+                try:
+                    frame, frame_id = frames.parse(data)
+                except BadFrame as exc:
+                    self.bad_frame(exc)
+                    continue
+                await table[type(frame)](self, frame, frame_id)
         except TimeoutError:
             self.close(4401, "authentication timed out")
         except WebSocketDisconnect:
@@ -271,8 +273,9 @@ class WsConnection:
         return self.state is State.OPEN
 
     def opened(self) -> None:
-        self.state = State.OPEN
-        self.engine.connect(self, self.digest)
+        """Authenticated (by the AUTH frame, or by the upgrade request's header): OPEN."""
+        if self.life.move(State.OPEN):
+            self.engine.connect(self, self.digest)
 
     async def _authenticate(self) -> None:
         while self.state is State.AUTHENTICATING:
@@ -280,44 +283,13 @@ class WsConnection:
             if data is None:
                 return
             try:
-                frame, frame_id = self._frame_of(data)
+                frame, frame_id = frames.parse(data)
             except BadFrame as exc:
-                self._bad_frame(exc)
+                self.bad_frame(exc)
                 continue
-            if isinstance(frame, frames.PingFrame):
-                self.reply(frame_id, {"type": "PONG"})
-            elif isinstance(frame, frames.AuthFrame):
-                await self._auth_frame(frame, frame_id)
-            else:
-                self.error(Unauthorized("authenticate first with an AUTH frame"), frame_id)
-
-    async def _auth_frame(self, frame: frames.AuthFrame, frame_id: str | int | None) -> None:
-        auth = self.services.auth
-        try:
-            if not frame.well_formed():
-                raise Unauthorized("AUTH carries either a token or a username and password")
-            if frame.token is not None:
-                user = await auth.authenticate_token(frame.token, self.client)
-                self.digest = token_digest(frame.token)
-            else:
-                assert frame.username is not None
-                assert frame.password is not None
-                user = await auth.authenticate_password(frame.username, frame.password, self.client)
-        except RateLimited as exc:
-            self.error(exc, frame_id)
-            self.close(4429, "too many failed authentications")
-            return
-        except Unauthorized as exc:
-            self.error(exc, frame_id)
-            self.close(4401, "authentication failed")
-            return
-        except BrokerError as exc:  # the database is unreachable: try again later
-            self.error(exc, frame_id)
-            self.close(1013, "try again later")
-            return
-        self.user = user
-        self.opened()
-        self.reply(frame_id, self.connected_frame())
+            await handlers.BEFORE_AUTH.get(type(frame), handlers.not_authenticated)(
+                self, frame, frame_id
+            )
 
     def connected_frame(self) -> dict[str, Any]:
         return {
@@ -326,16 +298,7 @@ class WsConnection:
             "user": {"username": self.user.username, "role": self.user.role.value},
         }
 
-    # -- frames -----------------------------------------------------------------------------
-
-    def _frame_of(
-        self, data: str | bytes
-    ) -> tuple[frames.Frame | frames.PlainAck, str | int | None]:
-        if isinstance(data, bytes):
-            raise BadFrame("frames are JSON text frames, not binary")
-        return frames.parse(data)
-
-    def _bad_frame(self, exc: BadFrame) -> None:
+    def bad_frame(self, exc: BadFrame) -> None:
         frame_id = exc.extra.get("frame_id")
         self.error(exc, frame_id)
         now = time.monotonic()
@@ -344,183 +307,3 @@ class WsConnection:
             self._bad_frames.popleft()
         if len(self._bad_frames) > BAD_FRAME_LIMIT:
             self.close(1008, "too many bad frames")
-
-    async def _on_message(self, data: str | bytes) -> None:
-        try:
-            frame, frame_id = self._frame_of(data)
-        except BadFrame as exc:
-            self._bad_frame(exc)
-            return
-        await self._handle(frame, frame_id)
-
-    async def _handle(
-        self, frame: frames.Frame | frames.PlainAck, frame_id: str | int | None
-    ) -> None:
-        if isinstance(frame, frames.Ack):
-            if len(self._ops) >= MAX_INFLIGHT_OPS:
-                await self._wait_for_room()
-            self._queue_ack(frame, frame_id)
-            return
-        self._flush_acks()
-        if isinstance(frame, frames.PingFrame):
-            self.reply(frame_id, {"type": "PONG"})
-        elif isinstance(frame, frames.AuthFrame):
-            self._bad_frame(BadFrame("already authenticated", frame_id=frame_id))
-        elif isinstance(frame, frames.SubscribeFrame):
-            await self._guarded(self._subscribe(frame, frame_id), frame_id)
-        elif isinstance(frame, frames.UnsubscribeFrame):
-            await self._guarded(self._unsubscribe(frame, frame_id), frame_id)
-        else:  # NACK, PUBLISH: run concurrently, at most MAX_INFLIGHT_OPS at once
-            if len(self._ops) >= MAX_INFLIGHT_OPS:
-                await self._wait_for_room()
-            self._track(asyncio.create_task(self._guarded(self._op(frame, frame_id), frame_id)))
-
-    def _track(self, op: asyncio.Future[Any]) -> None:
-        self._ops.add(op)
-        op.add_done_callback(self._op_done)
-
-    def _queue_ack(self, frame: frames.Ack, frame_id: str | int | None) -> None:
-        """The frame a busy consumer sends per message. The ACK frames read in one turn of the
-        event loop (a burst from one socket read) are settled together, by one call of the
-        engine and a callback on the batched ack's future: no task, future and callbacks per
-        frame. Any other frame flushes them first, so frames still take effect in order."""
-        if not self._acks:
-            asyncio.get_running_loop().call_soon(self._flush_acks)
-        self._acks.append((frame, frame_id))
-
-    def _flush_acks(self) -> None:
-        batch, self._acks = self._acks, []
-        if not batch:
-            return
-        tags = [tag for frame, _ in batch for tag in frame.tags]
-        self._track(self.engine.ack_soon(self, tags, partial(self._acked_batch, batch)))
-
-    def _acked_batch(
-        self,
-        batch: list[tuple[frames.Ack, str | int | None]],
-        queue_ids: list[int | None],
-        exc: BaseException | None,
-    ) -> None:
-        if exc is None and None not in queue_ids:  # the busy consumer's case: all settled
-            for frame, frame_id in batch:
-                if frame_id is not None:
-                    self._acked(frame, frame_id, [], None)
-            return
-        start = 0
-        for frame, frame_id in batch:
-            end = start + len(frame.tags)
-            if exc is not None:
-                self._acked(frame, frame_id, list(frame.tags), exc)
-            else:
-                found = queue_ids[start:end]
-                unknown = [t for t, q in zip(frame.tags, found, strict=True) if q is None]
-                self._acked(frame, frame_id, unknown, None)
-            start = end
-
-    async def _wait_for_room(self) -> None:
-        """Backpressure: stop reading frames while MAX_INFLIGHT_OPS are unsettled (a plain
-        count, not a Semaphore: its bookkeeping showed at 2 % of a busy consumer's CPU)."""
-        while len(self._ops) >= MAX_INFLIGHT_OPS:
-            self._ops_room.clear()
-            await self._ops_room.wait()
-
-    def _op_done(self, op: asyncio.Future[Any]) -> None:
-        self._ops.discard(op)
-        self._ops_room.set()
-
-    def _acked(
-        self,
-        frame: frames.Ack,
-        frame_id: str | int | None,
-        unknown: list[str],
-        exc: BaseException | None,
-    ) -> None:
-        """The reply to an ACK: ``ACKED`` (with an id), or one ``ERROR`` naming the tags that
-        were unknown (the frame's other tags are acknowledged) or that failed."""
-        many = frame.delivery_tags is not None
-        if exc is None and not unknown:
-            if frame_id is not None:
-                if many:
-                    self.reply(frame_id, {"type": "ACKED", "delivery_tags": frame.delivery_tags})
-                else:
-                    self.reply(frame_id, {"type": "ACKED", "delivery_tag": frame.delivery_tag})
-            return
-        if exc is None:
-            error: BrokerError = UnknownDeliveryTag()
-            if many:
-                error = UnknownDeliveryTag(
-                    f"{len(unknown)} of the {len(frame.tags)} delivery tags are not deliveries"
-                    " in flight to this connection; the others are acknowledged"
-                )
-        elif isinstance(exc, BrokerError):
-            error = exc
-        else:
-            log.error("an ACK failed unexpectedly: %s", type(exc).__name__)
-            error = BrokerError("an internal error occurred")
-        if many:
-            self.error(error, frame_id, delivery_tags=unknown)
-        else:
-            self.error(error, frame_id, delivery_tag=frame.delivery_tag)
-
-    async def _guarded(self, work: Any, frame_id: str | int | None) -> None:
-        try:
-            await work
-        except BadFrame as exc:
-            self._bad_frame(exc)
-        except BrokerError as exc:
-            extra = {k: v for k, v in exc.extra.items() if k == "delivery_tag"}
-            self.error(exc, frame_id, **extra)
-        except Exception:
-            # A bug must neither kill the reader nor leave a frame with an id unanswered.
-            log.exception("a WebSocket frame failed unexpectedly")
-            self.error(BrokerError("an internal error occurred"), frame_id)
-
-    async def _subscribe(self, frame: frames.SubscribeFrame, frame_id: str | int | None) -> None:
-        sub = await self.engine.subscribe(self, frame.queue, frame.prefetch)
-        self.reply(
-            frame_id, {"type": "SUBSCRIBED", "queue": frame.queue, "prefetch": frame.prefetch}
-        )
-        self.engine.activate(sub)
-
-    async def _unsubscribe(
-        self, frame: frames.UnsubscribeFrame, frame_id: str | int | None
-    ) -> None:
-        await self.engine.unsubscribe(self, frame.queue)
-        self.reply(frame_id, {"type": "UNSUBSCRIBED", "queue": frame.queue})
-
-    async def _op(self, frame: frames.Frame, frame_id: str | int | None) -> None:
-        if isinstance(frame, frames.NackFrame):
-            await self._nack(frame, frame_id)
-        elif isinstance(frame, frames.PublishFrame):
-            await self._publish(frame, frame_id)
-
-    async def _nack(self, frame: frames.NackFrame, frame_id: str | int | None) -> None:
-        try:
-            outcome = await self.engine.nack(self, frame.delivery_tag, frame.requeue)
-        except BrokerError as exc:
-            exc.extra["delivery_tag"] = frame.delivery_tag
-            raise
-        if frame_id is not None:
-            self.reply(
-                frame_id,
-                {"type": "NACKED", "delivery_tag": frame.delivery_tag, "outcome": outcome.value},
-            )
-
-    async def _publish(self, frame: frames.PublishFrame, frame_id: str | int | None) -> None:
-        publisher = self.services.publisher
-        message = frame.to_outgoing()
-        if frame.exchange is not None:
-            results = await publisher.publish(self.user, frame.exchange, [message])
-        else:
-            assert frame.queue is not None
-            results = await publisher.publish_to_queue(self.user, frame.queue, [message])
-        result = results[0]
-        self.reply(
-            frame_id,
-            {
-                "type": "PUBLISHED",
-                "routed": result.routed,
-                "queues": result.queues,
-                "message_id": result.message_id,
-            },
-        )
