@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
 import httpx
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from app.storage.dsn import asyncpg_dsn
 from bench.stats import BenchError

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
-import uvicorn
 
+from app.broker.services import Services
 from app.config import Settings, load_settings
 from app.main import create_app
-from app.server import build_server
+from app.server import BrokerServer, build_server
 from app.storage.dsn import asyncpg_dsn
 
 T = TypeVar("T")
@@ -34,12 +34,13 @@ ADMIN_PASSWORD = "admin-secret-password"
 
 
 def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = 5.0,
     interval: float = 0.01,
     message: str = "condition",
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy or the deadline passes."""
+    """Poll ``predicate`` until it returns something truthy (so never None) or the deadline
+    passes."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -158,7 +159,7 @@ class LiveServer:
     """A real uvicorn server in a thread of this process, on a loopback port."""
 
     settings: Settings
-    server: uvicorn.Server
+    server: BrokerServer
     thread: threading.Thread
     port: int
 
@@ -169,6 +170,18 @@ class LiveServer:
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/api/v1/ws"
+
+    @property
+    def database_url(self) -> str:
+        url = self.settings.database_url
+        assert url is not None, "a test server always has its database"
+        return url
+
+    @property
+    def services(self) -> Services:
+        """The running broker's services (white box: tests that watch it from inside)."""
+        services: Services = self.server.broker_app.state.services
+        return services
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
+from app.broker.wakeups import WakeHub
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer
 
 DELIVERED = "MESSAGE_DELIVERED"
@@ -259,11 +260,10 @@ def refused_status(
     raise AssertionError("the upgrade was accepted")
 
 
-def wake_hub(server: LiveServer) -> Any:
+def wake_hub(server: LiveServer) -> WakeHub:
     """The delivery engine's wake-up hub of an in-process test server (white box: the only
     way to know that a long poll is really parked before publishing)."""
-    app: Any = server.server.config.app
-    return app.state.services.delivery.hub
+    return server.services.delivery.hub
 
 
 def waiting_on(server: LiveServer, queue_id: int) -> int:

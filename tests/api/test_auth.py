@@ -13,12 +13,12 @@ import asyncpg
 import httpx
 import pytest
 
+from app.storage.dsn import asyncpg_dsn
 from tests.support import (
     ADMIN_PASSWORD,
     ADMIN_USER,
     LiveServer,
     admin_sql,
-    asyncpg_dsn,
     client,
     login,
     running_server,

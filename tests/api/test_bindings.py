@@ -57,7 +57,9 @@ def setup_topology(admin: httpx.Client, exchanges: dict[str, str], queues: list[
         assert admin.put(f"/queues/{name}").status_code == 201
 
 
-def bind(c: httpx.Client, exchange: str, queue: str, key: str = "", **args: Any) -> httpx.Response:
+def bind(
+    c: httpx.Client, exchange: str, queue: str, key: str = "", /, **args: Any
+) -> httpx.Response:
     return c.post(
         "/bindings",
         json={"exchange": exchange, "queue": queue, "routing_key": key, "arguments": args},

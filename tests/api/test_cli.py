@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import asyncpg
@@ -20,7 +21,8 @@ import httpx
 import pytest
 
 from app.storage import migrations
-from tests.support import asyncpg_dsn, free_port, wait_for
+from app.storage.dsn import asyncpg_dsn
+from tests.support import free_port, wait_for
 
 MESSAGEX = Path(sys.executable).with_name("messagex")
 READY_DEADLINE = 90.0
@@ -103,6 +105,10 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def _gone(pid: int) -> bool:
+    return not _alive(pid)
+
+
 def _stop(served: Served) -> int:
     served.proc.send_signal(signal.SIGTERM)
     return served.proc.wait(timeout=60)
@@ -143,7 +149,7 @@ def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
         assert "Traceback" not in text
         # The embedded server went away with the broker.
         assert not (pgdata / "postmaster.pid").exists()
-        wait_for(lambda p=pid: not _alive(p), timeout=10, message="embedded postgres to exit")
+        wait_for(partial(_gone, pid), timeout=10, message="embedded postgres to exit")
     print(
         f"\nmessagex serve -> /readyz 200: cold {timings['cold']:.2f} s, "
         f"warm {timings['warm']:.2f} s"

@@ -93,8 +93,8 @@ def test_declare_created_then_identical_then_conflict(admin: httpx.Client) -> No
     assert r.json() == created
     # Identical is judged after defaults are applied.
     full = {"type": "topic", "durable": True, "auto_delete": False, "arguments": {}}
-    for body in ({"type": "topic"}, full):
-        r = admin.put("/exchanges/orders", json=body)
+    for same in ({"type": "topic"}, full):
+        r = admin.put("/exchanges/orders", json=same)
         assert r.status_code == 200, r.text
         assert r.json() == created
     for different in (

@@ -116,13 +116,15 @@ def test_allowed_hosts_setting(database_url: str) -> None:
 
 
 def test_default_hosts_depend_on_the_listen_address() -> None:
-    assert allowed_hosts("", "127.0.0.1") == {"localhost", "127.0.0.1", "::1"}
-    assert allowed_hosts("", "::1") == {"localhost", "127.0.0.1", "::1"}
-    assert allowed_hosts("", "localhost") == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts("", "127.0.0.1") == frozenset({"localhost", "127.0.0.1", "::1"})
+    assert allowed_hosts("", "::1") == frozenset({"localhost", "127.0.0.1", "::1"})
+    assert allowed_hosts("", "localhost") == frozenset({"localhost", "127.0.0.1", "::1"})
     assert allowed_hosts("", "0.0.0.0") is None
     assert allowed_hosts("", "192.0.2.10") is None
     assert allowed_hosts("*", "127.0.0.1") is None
-    assert allowed_hosts("Broker.Example:8000,[::1]", "0.0.0.0") == {"broker.example", "::1"}
+    assert allowed_hosts("Broker.Example:8000,[::1]", "0.0.0.0") == frozenset(
+        {"broker.example", "::1"}
+    )
 
 
 # --- proxies (finding 4) ------------------------------------------------------------------

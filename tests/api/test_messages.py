@@ -11,7 +11,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support import LiveServer, asyncpg_dsn, client
+from app.storage.dsn import asyncpg_dsn
+from tests.support import LiveServer, client
 
 ITEM_KEYS = {
     "id",
@@ -293,7 +294,7 @@ def test_deleting_an_in_flight_message_tells_the_listeners(
     admin: httpx.Client, server: LiveServer, four_states: list[int]
 ) -> None:
     deleted: list[Any] = []
-    server.server.config.app.state.services.browser.add_deleted_listener(deleted.append)
+    server.services.browser.add_deleted_listener(deleted.append)
     ready, delayed, in_flight, dead = four_states
     for message_id in (ready, delayed, dead):
         assert admin.delete(f"/queues/q/messages/{message_id}").status_code == 204

@@ -271,7 +271,7 @@ def _sql(url: str, sql: str, *args: Any) -> Any:
 
     import asyncpg
 
-    from tests.support import asyncpg_dsn
+    from app.storage.dsn import asyncpg_dsn
 
     async def run() -> Any:
         conn = await asyncpg.connect(asyncpg_dsn(url))

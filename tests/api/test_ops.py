@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from app import __version__
+from app.storage.dsn import asyncpg_dsn
 from tests.support import (
     LiveServer,
     PgCluster,
     admin_sql,
-    asyncpg_dsn,
     client,
     metric,
     wait_for,

@@ -12,7 +12,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support import LiveServer, asyncpg_dsn, client, running_server
+from app.storage.dsn import asyncpg_dsn
+from tests.support import LiveServer, client, running_server
 from tests.support import test_settings as settings_for
 
 # ----------------------------------------------------------------------------- helpers
@@ -66,7 +67,9 @@ def declare(
         assert r.status_code == 201, r.text
 
 
-def bind(exchange: str, queue: str, key: str = "", **arguments: Any) -> tuple[str, str, str, Any]:
+def bind(
+    exchange: str, queue: str, key: str = "", /, **arguments: Any
+) -> tuple[str, str, str, Any]:
     return (exchange, queue, key, arguments)
 
 

@@ -85,10 +85,10 @@ def _queue_id_by_name(srv: LiveServer, queue: str) -> int:
 
     import asyncpg
 
-    from tests.support import asyncpg_dsn
+    from app.storage.dsn import asyncpg_dsn
 
     async def run() -> int:
-        conn = await asyncpg.connect(asyncpg_dsn(srv.settings.database_url or ""))
+        conn = await asyncpg.connect(asyncpg_dsn(srv.database_url))
         try:
             value = await conn.fetchval("SELECT id FROM queues WHERE name = $1", queue)
             return int(value)

@@ -16,11 +16,12 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support import LiveServer, asyncpg_dsn, client
+from app.storage.dsn import asyncpg_dsn
+from tests.support import LiveServer, client
 
 UserFactory = Callable[..., httpx.Client]
 
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "durable": True,
     "max_delivery_count": None,
     "dead_letter_queue": None,
@@ -164,6 +165,7 @@ def test_declare_identical_and_conflicting(admin: httpx.Client) -> None:
     r = admin.put("/queues/work", json=props)
     assert r.status_code == 200
     assert r.json() == {"name": "work", **props, "stats": ZERO}
+    change: dict[str, Any]
     for change in (
         {"durable": True},
         {"max_delivery_count": None},
@@ -190,6 +192,7 @@ def test_concurrent_identical_declares_all_succeed(admin: httpx.Client) -> None:
 
 
 def test_declare_validation(admin: httpx.Client) -> None:
+    body: object
     for body in (
         {"max_delivery_count": 0},
         {"max_delivery_count": -1},

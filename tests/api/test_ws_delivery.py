@@ -21,11 +21,11 @@ import asyncpg
 import httpx
 import pytest
 
+from app.storage.dsn import asyncpg_dsn
 from tests.support import (
     ADMIN_PASSWORD,
     ADMIN_USER,
     LiveServer,
-    asyncpg_dsn,
     client,
     login,
     metric,
@@ -206,7 +206,7 @@ def test_ack_returns_the_prefetch_slot_before_its_delete_commits(
         ws.subscribe(q, 1)
         first = ws.delivery()
         assert first["body"] == "first"
-        with RowLock(srv.settings.database_url, first["message_id"]):
+        with RowLock(srv.database_url, first["message_id"]):
             ws.send_json({"type": "ACK", "delivery_tag": first["delivery_tag"], "id": "a1"})
             second = ws.delivery(timeout=5)  # while the ACK's DELETE waits for the lock
             assert second["body"] == "second"

@@ -1063,6 +1063,7 @@ def _offer_deflate(ws_url: str) -> tuple[str | None, dict[str, Any]]:
     """Connect offering permessage-deflate, as browsers do; the extension the server agreed
     to, and the reply to AUTH + PING."""
     with ws_connect(ws_url, compression="deflate", open_timeout=10) as ws:
+        assert ws.response is not None
         agreed = ws.response.headers.get("Sec-WebSocket-Extensions")
         ws.send(json.dumps({"type": "AUTH", "username": ADMIN_USER, "password": ADMIN_PASSWORD}))
         assert json.loads(ws.recv(timeout=5))["type"] == "CONNECTED"

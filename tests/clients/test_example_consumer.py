@@ -41,7 +41,7 @@ def test_example_consumer_acks_dead_letters_and_stops_on_sigterm(broker: LiveSer
             def settled() -> bool:
                 work = rest.get("/queues/ex-work").json()["stats"]
                 failed = rest.get("/queues/ex-failed").json()["stats"]
-                return work["ready"] + work["in_flight"] == 0 and failed["ready"] == 1
+                return bool(work["ready"] + work["in_flight"] == 0 and failed["ready"] == 1)
 
             wait_for(settled, timeout=15, message="the consumer to settle everything")
             assert rest.get("/queues/ex-work").json()["stats"]["consumers"] == 1

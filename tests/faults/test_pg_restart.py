@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.faults.checker import Ledger, check
+from tests.faults.checker import Ledger, Report, check
 from tests.faults.harness import (
     ADMIN,
     Consumer,
@@ -38,15 +39,16 @@ _dbs = itertools.count()
 
 def probe_outage(api: httpx.Client, seconds: float) -> list[tuple[str, int, float]]:
     """Requests of every kind while the database is down: (what, status, seconds)."""
+    probes: list[tuple[str, Callable[[], httpx.Response]]] = [
+        ("publish", lambda: api.post("/queues/pg/messages", json={"body": "probe"})),
+        ("list", lambda: api.get("/queues")),
+        ("get", lambda: api.post("/queues/pg/get", json={})),
+        ("readyz", lambda: api.get("/../../readyz")),
+    ]
     results = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        for what, call in (
-            ("publish", lambda: api.post("/queues/pg/messages", json={"body": "probe"})),
-            ("list", lambda: api.get("/queues")),
-            ("get", lambda: api.post("/queues/pg/get", json={})),
-            ("readyz", lambda: api.get("/../../readyz")),
-        ):
+        for what, call in probes:
             started = time.monotonic()
             try:
                 status = call().status_code
@@ -56,7 +58,9 @@ def probe_outage(api: httpx.Client, seconds: float) -> list[tuple[str, int, floa
     return results
 
 
-def run_restart(own_pg: OwnPostgres, logs: Path, mode: str, down_seconds: float, load: int):
+def run_restart(
+    own_pg: OwnPostgres, logs: Path, mode: str, down_seconds: float, load: int
+) -> Report:
     url = own_pg.database(f"restart_{mode}_{next(_dbs)}")
     migrate(url)
     with brokers(url, logs, 1, ACK_TIMEOUT_SECONDS=3, ACK_TIMEOUT_CHECK_INTERVAL_MS=200) as (a,):

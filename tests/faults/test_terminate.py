@@ -96,8 +96,8 @@ def test_terminate_every_broker_session_push_resumes(
     failed = [p for p in ledger.publishes.values() if p.outcome == "failed"]
     print(
         f"terminate all ({killed} sessions): push resumed {resumed:.2f} s after, LISTENs "
-        f"back {relisten:.2f} s after; {len(failed)} publishes refused (statuses "
-        f"{sorted({p.status for p in failed})}); cross-process latency after: median "
+        f"back {relisten:.2f} s after; {len(failed)} publishes refused (statuses, 0 for no "
+        f"answer: {sorted({p.status or 0 for p in failed})}); cross-process latency after: median "
         f"{statistics.median(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms; "
         f"{report.summary()}"
     )

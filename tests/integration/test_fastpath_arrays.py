@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from app.storage import fastpath
-from tests.support import asyncpg_dsn
+from app.storage.dsn import asyncpg_dsn
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 
+from app.domain.model import OutgoingMessage
 from app.storage import deliveries
 from app.storage import messages as store
 from app.storage.database import Database
@@ -38,13 +40,13 @@ async def rows(url: str) -> list[asyncpg.Record]:
     )
 
 
-def batch(n: int, **extra: object) -> list[tuple[str, store.OutgoingMessage]]:
+def batch(n: int, **extra: Any) -> list[tuple[str, OutgoingMessage]]:
     return [("", message(message_id=f"m{i}", properties={}, **extra)) for i in range(n)]
 
 
 async def insert(
     db: Database,
-    msgs: list[tuple[str, store.OutgoingMessage]],
+    msgs: list[tuple[str, OutgoingMessage]],
     copies: list[tuple[int, int]],
     owners: list[tuple[str, float] | None],
 ) -> list[store.HandedOff]:

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from app.storage.dsn import asyncpg_dsn
 from app.storage.listener import Listener
-from tests.support import async_wait_for, asyncpg_dsn
+from tests.support import async_wait_for
 
 #: Far longer than any wait below: a reconnect seen in time cannot come from the keep-alive.
 KEEPALIVE = 120.0

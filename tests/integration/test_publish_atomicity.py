@@ -16,7 +16,8 @@ from app.errors import InternalError, MessageTooLarge, NotFound, Unroutable
 from app.metrics import Metrics
 from app.storage import messages as store
 from app.storage.database import Database
-from tests.support import ADMIN_PASSWORD, ADMIN_USER, async_wait_for, asyncpg_dsn, client
+from app.storage.dsn import asyncpg_dsn
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, async_wait_for, client
 from tests.support import running_server as running_server_
 from tests.support import test_settings as settings_for
 

@@ -16,8 +16,8 @@ from app.broker import publisher as publisher_module
 from app.errors import InternalError, Unavailable
 from app.storage import messages as store
 from app.storage.database import Database
+from app.storage.dsn import asyncpg_dsn
 from tests.integration.test_publish_atomicity import ADMIN, count, execute, message, publisher_for
-from tests.support import asyncpg_dsn
 
 
 @pytest.fixture

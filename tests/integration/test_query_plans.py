@@ -22,8 +22,8 @@ import asyncpg
 import pytest
 
 from app.storage import deliveries, planner, queries
+from app.storage.dsn import asyncpg_dsn
 from app.storage.fastpath import HotPath, Statement
-from tests.support import asyncpg_dsn
 
 BACKLOG = 50_000
 IN_FLIGHT = 5_000

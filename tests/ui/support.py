@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer
 
@@ -22,6 +22,6 @@ def go(page: Page, nav: str) -> None:
     page.get_by_role("navigation", name="Main").get_by_role("link", name=nav, exact=True).click()
 
 
-def stat(page: Page, key: str) -> object:
+def stat(page: Page, key: str) -> Locator:
     """The locator of one live statistic (``data-stat``)."""
     return page.locator(f'[data-stat="{key}"]')

@@ -45,10 +45,11 @@ def queue(rest: httpx.Client, name: str) -> str:
 
 
 def got(page: Page) -> list[dict[str, Any]]:
-    return page.evaluate(
+    result: list[dict[str, Any]] = page.evaluate(
         "window.__t.got.map((m) => ({body: m.body, tag: m.delivery_tag,"
         " redelivered: m.redelivered, count: m.delivery_count, headers: m.headers}))"
     )
+    return result
 
 
 def test_publish_resolves_on_published_and_ack_settles(

@@ -45,7 +45,7 @@ NOT_UNAVAILABLE = [
 
 
 @pytest.mark.parametrize("exc", UNAVAILABLE, ids=lambda e: type(e).__name__)
-def test_connection_failures_are_unavailable_on_both_paths(exc: BaseException) -> None:
+def test_connection_failures_are_unavailable_on_both_paths(exc: Exception) -> None:
     assert driver_errors.is_unavailable(exc)
     assert driver_errors.is_unavailable(wrapped(exc))
     assert isinstance(driver_errors.domain_error(exc), Unavailable)

@@ -133,6 +133,7 @@ def test_a_batch_is_decoded_in_order_and_a_bad_item_gets_its_index() -> None:
     with pytest.raises(ValidationError) as raised:
         decode_publish_batch({"messages": items})
     assert raised.value.errors()[0]["loc"] == ("messages", 3, "delay_ms")
+    bad: object
     for bad in ({"messages": []}, {"messages": [{"body": 1}] * (MAX_BATCH + 1)}, [], None):
         with pytest.raises(ValidationError):
             decode_publish_batch(bad)
