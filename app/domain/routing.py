@@ -337,7 +337,7 @@ class HeadersIndex:
     only narrows, never decides.
     """
 
-    __slots__ = ("_arguments", "_by_pair", "_always")
+    __slots__ = ("_always", "_arguments", "_by_pair")
 
     def __init__(self, arguments: Sequence[Mapping[str, Any]]) -> None:
         self._arguments = arguments

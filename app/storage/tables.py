@@ -57,6 +57,9 @@ exchanges = Table(
     Column("auto_delete", Boolean, nullable=False, server_default=text("false")),
     Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
     _ts("created_at"),
+    # Incremented by every transaction that adds or removes bindings of the exchange, so
+    # that broker processes can keep its bindings compiled (broker/routing_cache.py).
+    Column("routing_version", BigInteger, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     CheckConstraint("type IN ('direct', 'fanout', 'topic', 'headers')", name="type"),
 )
