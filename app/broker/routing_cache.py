@@ -2,8 +2,8 @@
 
 A publish reads, in one round trip, the current ``(id, routing_version)`` of the exchanges
 it names and the bindings of only those whose version differs from the compiled copy kept
-here (``storage.messages.load_routes``). Every transaction that adds or removes bindings
-bumps the version in the same commit (``storage.topology``), so a binding created or
+here (``storage.messages.load_routes``). Every statement that adds or removes bindings
+bumps the version in the same transaction (a trigger: migration 0004), so a binding created or
 deleted through any process is obeyed by the next publish on every process, exactly as
 when every publish read every binding: the copy is used only when the snapshot that the
 publish reads says it is current.

@@ -41,15 +41,16 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 # when the copy is current; OFFSET 0 keeps the subquery from being flattened into a join
 # (PostgreSQL then hashed every binding of the table before applying the test). No row for a
 # name means no such exchange.
-# Every transaction that adds or removes bindings of an exchange increments its
-# routing_version (storage.topology), so in one snapshot an unchanged version means the
-# very binding set the caller compiled; a deleted and re-declared exchange has a new id.
+# Every statement that adds or removes bindings of an exchange increments its routing_version
+# in the same transaction (a trigger, migration 0004: cascades and an operator's SQL too), so
+# in one snapshot an unchanged version means the very binding set the caller compiled; a
+# deleted and re-declared exchange has a new id.
 # Plain snapshot read, no row locks: a publish must never serialize on the exchange row
 # (KEY SHARE locks from concurrent publishers would pile up multixacts). A binding or queue
 # created concurrently is simply not seen (the publish is ordered before it); a queue
 # deleted between this read and the insert makes the insert's foreign key check fail, and
-# the publisher retries with a fresh read (see messages.QueueDeleted; the delete bumped the
-# version of every exchange bound to it). Bindings come in id order, so that routing, and
+# the publisher retries with a fresh read (see messages.QueueDeleted; the delete's cascade
+# bumped the version of every exchange bound to it). Bindings come in id order, so that routing, and
 # so the "queues" list, is deterministic.
 LOAD_ROUTES = Statement(
     text("""

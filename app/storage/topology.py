@@ -13,10 +13,12 @@ Concurrency, in one place (all transactions run at READ COMMITTED):
   id order), and only then cascades into ``bindings``; an exchange delete or binding delete
   locks the exchange first and then binding rows. One order means no deadlock between these
   paths.
-- Every transaction that adds or removes bindings increments the routing_version of their
-  exchanges (``_routing_changed``, an UPDATE of the exchange row; a binding insert does it
-  after its insert, holding KEY SHARE, with which FOR NO KEY UPDATE does not conflict).
-  Publishers rely on it to keep compiled bindings (storage.queries.LOAD_ROUTES).
+- Every statement that adds or removes bindings (a cascade from a queue delete included)
+  increments the routing_version of their exchanges, by trigger (migration 0004), in the
+  same transaction: an UPDATE of the exchange row after the binding rows. A binding insert
+  holds KEY SHARE on the exchange, with which that FOR NO KEY UPDATE does not conflict; a
+  binding delete and a queue delete lock the exchanges first. Publishers rely on it to
+  keep compiled bindings (storage.queries.LOAD_ROUTES).
 - Checks that must hold at the moment of a delete (``if_empty``, ``if_unused``, "not a
   dead-letter queue", "last binding gone") are made after the row lock is taken, each in a
   new statement (so with a snapshot that includes every transaction that held a conflicting
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
-from sqlalchemy import and_, cast, delete, exists, func, literal, select, true, update
+from sqlalchemy import and_, cast, delete, exists, func, literal, select, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -95,20 +97,6 @@ def _locked(stmt: Any, lock: LockMode | None) -> Any:
     if lock == "key_share":
         return stmt.with_for_update(key_share=True, read=True)
     return stmt
-
-
-async def _routing_changed(conn: AsyncConnection, exchange_ids: Sequence[int]) -> None:
-    """Increment the routing_version of exchanges whose bindings this transaction adds or
-    removes: it commits with the change, so every process's next publish reads the new
-    binding set (storage.queries.LOAD_ROUTES). Takes the exchanges' row locks (FOR NO KEY
-    UPDATE, which KEY SHARE does not conflict with): callers hold no binding row lock yet,
-    keeping the one lock order (queue → exchange → binding)."""
-    if exchange_ids:
-        await conn.execute(
-            update(_ex)
-            .where(_ex.c.id.in_(sorted(exchange_ids)))
-            .values(routing_version=_ex.c.routing_version + 1)
-        )
 
 
 # --------------------------------------------------------------------------- exchanges
@@ -409,7 +397,7 @@ async def delete_queue(
         raise PreconditionFailed(f"queue '{name}' is in use (it has consumers)")
     # Lock the exchanges bound to this queue, in id order, before the cascade touches
     # bindings (lock order queue → exchange → bindings, as everywhere else): the auto-delete
-    # ones may go with it, and every one's routing changes.
+    # ones may go with it, and the cascade's trigger bumps every one's routing_version.
     bound = (
         await conn.execute(
             select(_ex.c.id, _ex.c.auto_delete)
@@ -419,7 +407,6 @@ async def delete_queue(
         )
     ).all()
     auto_delete_ids = [row.id for row in bound if row.auto_delete]
-    await _routing_changed(conn, [row.id for row in bound])
     try:
         await conn.execute(delete(_q).where(_q.c.id == queue_id))
     except IntegrityError as exc:  # the lock makes this unreachable; keep the 409 regardless
@@ -540,7 +527,6 @@ async def create_binding(
                 ) from None
             raise
         if new_id is not None:
-            await _routing_changed(conn, [ends.exchange_id])
             return int(new_id), True
         old_id = (await conn.execute(existing)).scalar()
         if old_id is not None:
@@ -593,9 +579,11 @@ async def delete_binding(conn: AsyncConnection, binding_id: int) -> tuple[bool, 
     if row is None:
         return False, []
     exchange_id, auto_delete = row.exchange_id, row.auto_delete
-    if auto_delete:  # immutable, so reading it before the lock is fine
-        await conn.execute(select(_ex.c.id).where(_ex.c.id == exchange_id).with_for_update())
-    await _routing_changed(conn, [exchange_id])  # before the binding row: the lock order
+    # Lock the exchange before the binding row (the lock order): the delete's trigger
+    # updates its routing_version. FOR UPDATE when it may be deleted with its last binding
+    # (auto_delete is immutable, so reading it before the lock is fine).
+    lock = select(_ex.c.id).where(_ex.c.id == exchange_id)
+    await conn.execute(lock.with_for_update(key_share=not auto_delete))
     deleted = (
         await conn.execute(delete(_b).where(_b.c.id == binding_id).returning(_b.c.id))
     ).scalar()
