@@ -118,6 +118,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-count", type=int, help="messages in the idle test (500; smoke 50)")
     p.add_argument("--probes", type=int, help="claims per backlog probe (200; smoke 10)")
     p.add_argument(
+        "--scale-probes", type=int, help="timed calls per scale scenario (200; smoke 20)"
+    )
+    p.add_argument(
         "--binding-sizes",
         type=lambda text: [int(n) for n in text.split(",")],
         help="bindings per exchange in the scale group (10,1000,10000,100000; smoke 10,1000)",
@@ -210,7 +213,7 @@ class Config:
             rounds=args.rounds,
             binding_sizes=value("binding_sizes"),
             headers_sizes=DEFAULTS["headers_sizes"][pick],
-            scale_probes=DEFAULTS["scale_probes"][pick],
+            scale_probes=value("scale_probes"),
             declare_queues=DEFAULTS["declare_queues"][pick],
             list_queues=DEFAULTS["list_queues"][pick],
             overview=DEFAULTS["overview"][pick],
@@ -400,11 +403,13 @@ class Run:
             ("direct", c.binding_sizes),
             ("headers", c.headers_sizes),
         ):
-            work = bounded(scale.mx_bindings(settings, kind, sizes))
-            await self.scenario("scale", f"mx {kind} bindings={sizes}", work)
-            if rabbit_url is not None:
-                work = bounded(scale.rabbit_bindings(settings, kind, sizes))
-                await self.scenario("scale", f"rabbitmq {kind} bindings={sizes}", work)
+            for n in sizes:
+                work = bounded(scale.mx_bindings(settings, kind, n))
+                await self.scenario("scale", f"mx {kind} bindings={n}", work)
+                if rabbit_url is not None:
+                    work = bounded(scale.rabbit_bindings(settings, kind, n))
+                    await self.scenario("scale", f"rabbitmq {kind} bindings={n}", work)
+        scale.add_ratios(self.results)
         n = c.declare_queues
         work = bounded(scale.declare_queues(settings, n))
         await self.scenario("scale", f"mx declare queues={n}", work)

@@ -149,31 +149,27 @@ async def _mx_publishes(s: Settings, kind: str, exchange: str, probe: str) -> An
         http.close()
 
 
-async def mx_bindings(s: Settings, kind: str, sizes: list[int]) -> list[Result]:
+async def mx_bindings(s: Settings, kind: str, n: int) -> Result:
     conn = await asyncpg.connect(s.database_url, timeout=10)
     probe = mx.unique("scale-probe")
     await s.mx.call("PUT", f"/queues/{probe}", {})
-    results: list[Result] = []
     try:
-        for n in sizes:
-            started = time.monotonic()
-            exchange = await _mx_exchange(s, conn, kind, n, probe)
-            setup_s = time.monotonic() - started
-            samples, first_ms = await _mx_publishes(s, kind, exchange, probe)
-            results.append(_binding_result("mx", kind, n, samples, first_ms, setup_s))
-            await s.mx.call("DELETE", f"/exchanges/{exchange}")
+        started = time.monotonic()
+        exchange = await _mx_exchange(s, conn, kind, n, probe)
+        setup_s = time.monotonic() - started
+        samples, first_ms = await _mx_publishes(s, kind, exchange, probe)
+        await s.mx.call("DELETE", f"/exchanges/{exchange}")
     finally:
         await conn.close()
         await s.mx.delete_queue(probe)
-    return _with_ratios(results)
+    return _binding_result("mx", kind, n, samples, first_ms, setup_s)
 
 
-async def rabbit_bindings(s: Settings, kind: str, sizes: list[int]) -> list[Result]:
+async def rabbit_bindings(s: Settings, kind: str, n: int) -> Result:
     import aio_pika
 
     assert s.rabbitmq_url is not None
     conn = await aio_pika.connect(s.rabbitmq_url, timeout=10)
-    results: list[Result] = []
     try:
         channel = await conn.channel(publisher_confirms=True)
         probe = await channel.declare_queue(mx.unique("scale-probe"), durable=True)
@@ -184,48 +180,43 @@ async def rabbit_bindings(s: Settings, kind: str, sizes: list[int]) -> list[Resu
         for _ in range(RABBIT_BINDERS):
             chan = await conn.channel()
             binders.append([await chan.get_queue(sink.name, ensure=False) for sink in sinks])
-        for n in sizes:
-            started = time.monotonic()
-            name = mx.unique(f"scale.{kind}.{n}")
-            exchange = await channel.declare_exchange(name, kind, durable=True)
+        started = time.monotonic()
+        name = mx.unique(f"scale.{kind}.{n}")
+        exchange = await channel.declare_exchange(name, kind, durable=True)
 
-            async def bind_share(i: int, exchange_name: str = name, n: int = n) -> None:
-                queues = binders[i]
-                for g in range(1 + i, n, RABBIT_BINDERS):
-                    arguments: Any = {"id": g, "kind": "x", "x-match": "all"}
-                    await queues[g % SINKS].bind(
-                        exchange_name,
-                        routing_key=_python_key(kind, g),
-                        arguments=arguments if kind == "headers" else None,
-                    )
+        async def bind_share(i: int) -> None:
+            queues = binders[i]
+            for g in range(1 + i, n, RABBIT_BINDERS):
+                arguments: Any = {"id": g, "kind": "x", "x-match": "all"}
+                await queues[g % SINKS].bind(
+                    name,
+                    routing_key=_python_key(kind, g),
+                    arguments=arguments if kind == "headers" else None,
+                )
 
-            await asyncio.gather(*(bind_share(i) for i in range(RABBIT_BINDERS)))
-            _, probe_key, routing_key = _KEYS[kind]
-            probe_arguments: Any = {"id": "probe", "x-match": "all"}
-            arguments = probe_arguments if kind == "headers" else None
-            await probe.bind(exchange, routing_key=probe_key, arguments=arguments)
-            setup_s = time.monotonic() - started
-            message = aio_pika.Message(
-                b'{"scale":true}',
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers=_PROBE_HEADERS if kind == "headers" else None,
-            )
+        await asyncio.gather(*(bind_share(i) for i in range(RABBIT_BINDERS)))
+        _, probe_key, routing_key = _KEYS[kind]
+        probe_arguments: Any = {"id": "probe", "x-match": "all"}
+        arguments = probe_arguments if kind == "headers" else None
+        await probe.bind(exchange, routing_key=probe_key, arguments=arguments)
+        setup_s = time.monotonic() - started
+        message = aio_pika.Message(
+            b'{"scale":true}',
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=_PROBE_HEADERS if kind == "headers" else None,
+        )
 
-            async def publish(
-                target: Any = exchange, key: str = routing_key, message: Any = message
-            ) -> None:
-                await target.publish(message, routing_key=key, mandatory=True)
+        async def publish() -> None:
+            await exchange.publish(message, routing_key=routing_key, mandatory=True)
 
-            samples, first_ms = await _timed(publish, s.probes)
-            results.append(_binding_result("rabbitmq", kind, n, samples, first_ms, setup_s))
-            await exchange.delete()
-        await probe.purge()
+        samples, first_ms = await _timed(publish, s.probes)
+        await exchange.delete()
         for queue in [probe, *sinks]:
             await queue.delete(if_unused=False, if_empty=False)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 10)
-    return _with_ratios(results)
+    return _binding_result("rabbitmq", kind, n, samples, first_ms, setup_s)
 
 
 def _binding_result(
@@ -242,17 +233,22 @@ def _binding_result(
     return result
 
 
-def _with_ratios(results: list[Result]) -> list[Result]:
-    """p50 and p99 of each size over those of the smallest (10 bindings)."""
-    base = (results[0].latency_ms or {}) if results else {}
+def add_ratios(results: list[Result]) -> None:
+    """p50 and p99 of each binding result over those of the smallest exchange of the same
+    broker and type (10 bindings), in ``extra``."""
+    series: dict[tuple[str, str], list[Result]] = {}
     for result in results:
-        lat = result.latency_ms or {}
-        for key in ("p50", "p99"):
-            if base.get(key) and lat.get(key) is not None:
-                result.extra[f"{key}_ratio_to_{results[0].params['bindings']}"] = round(
-                    lat[key] / base[key], 2
-                )
-    return results
+        if result.status == "ok" and "bindings" in result.params:
+            series.setdefault((result.params["broker"], result.params["kind"]), []).append(result)
+    for group in series.values():
+        base = min(group, key=lambda r: r.params["bindings"])
+        smallest = base.params["bindings"]
+        for result in group:
+            for which in ("p50", "p99"):
+                mine = (result.latency_ms or {}).get(which)
+                theirs = (base.latency_ms or {}).get(which)
+                if mine is not None and theirs:
+                    result.extra[f"{which}_ratio_to_{smallest}"] = round(mine / theirs, 2)
 
 
 # ----------------------------------------------------------------------------- resources
