@@ -45,17 +45,6 @@ async def schema_revision(conn: AsyncConnection) -> str | None:
     return str(rows[0]) if len(rows) == 1 else None
 
 
-#: The overview's plan settings, for its transaction only (``set_config(..., true)``):
-#: counting a million messages
-#: from the partial indexes (index-only scans of ix_messages_claim, ix_messages_lease and
-#: ix_messages_dead) takes about two thirds of the time of the sequential scan of the table
-#: that PostgreSQL otherwise prefers for a count of nearly every row (docs/performance.md,
-#: "Scale").
-OVERVIEW_SETTINGS = (
-    "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)"
-)
-
-
 def _overview_query() -> Select[Any]:
     """Every count of ``GET /overview`` in one statement (one snapshot, one round trip).
 
@@ -63,25 +52,20 @@ def _overview_query() -> Select[Any]:
       (database clock), exactly as browse and queue stats define it.
     - ``connections`` and ``subscriptions`` count only live broker processes (heartbeat
       within the window); a crashed process's rows linger until a survivor removes them.
-    - The message counts are one count per status, each over its partial index (ready
-      rows with their ``available_at`` in ix_messages_claim; in-flight and dead rows in
-      their own), so none reads the table's rows (with OVERVIEW_SETTINGS).
+    - The message counts scan ``messages`` once with FILTERed aggregates; it is an admin
+      call, not a hot path.
     """
     now = func.now()
     live = broker_processes.c.heartbeat_at > now - LIVE_PROCESS_WINDOW
     m = messages.c
-    ready_counts = (
-        select(
-            func.count().filter(m.available_at <= now).label("ready"),
-            func.count().filter(m.available_at > now).label("delayed"),
-        )
-        .where(m.status == "ready")
-        .subquery("m")
-    )
-
-    def status_count(status: str) -> Any:
-        return select(func.count()).where(m.status == status).scalar_subquery()
-
+    ready_now = (m.status == "ready") & (m.available_at <= now)
+    delayed = (m.status == "ready") & (m.available_at > now)
+    message_counts = select(
+        func.count().filter(ready_now).label("ready"),
+        func.count().filter(delayed).label("delayed"),
+        func.count().filter(m.status == "in_flight").label("in_flight"),
+        func.count().filter(m.status == "dead").label("dead"),
+    ).subquery("m")
     connection_sum = (
         select(func.coalesce(func.sum(broker_processes.c.connections), 0))
         .where(live)
@@ -100,17 +84,15 @@ def _overview_query() -> Select[Any]:
     return select(
         select(func.count()).select_from(queues).scalar_subquery().label("queues"),
         select(func.count()).select_from(exchanges).scalar_subquery().label("exchanges"),
-        ready_counts.c.ready,
-        ready_counts.c.delayed,
-        status_count("in_flight").label("in_flight"),
-        status_count("dead").label("dead"),
+        message_counts.c.ready,
+        message_counts.c.delayed,
+        message_counts.c.in_flight,
+        message_counts.c.dead,
         connection_sum.label("connections"),
         subscription_count.label("subscriptions"),
-    ).select_from(ready_counts)
+    ).select_from(message_counts)
 
 
 async def overview_counts(conn: AsyncConnection) -> OverviewCounts:
-    """The counts; ``conn`` must be in a transaction (OVERVIEW_SETTINGS are for it only)."""
-    await conn.execute(text(OVERVIEW_SETTINGS))
     row = (await conn.execute(_overview_query())).one()
     return OverviewCounts(**{key: int(value) for key, value in row._mapping.items()})

@@ -170,8 +170,6 @@ Index(
 )
 # Browse, stats, purge and the ON DELETE CASCADE from queues.
 Index("ix_messages_queue", messages.c.queue_id, messages.c.id)
-# The overview's count of dead messages (few rows: it costs the hot path nothing).
-Index("ix_messages_dead", messages.c.queue_id, postgresql_where=text("status = 'dead'"))
 
 broker_users = Table(
     "broker_users",

@@ -451,20 +451,3 @@ async def test_a_queue_list_page_is_read_in_index_order(
     assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
     names = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "queues"}
     assert "uq_queues_name" in names, nodes
-
-
-async def test_the_overview_counts_messages_from_indexes(conn: asyncpg.Connection) -> None:
-    """GET /overview counts ready, delayed, in-flight and dead messages from the partial
-    indexes, without reading the table's rows (a sequential scan of a million messages took
-    longer than the overview's 100 ms budget)."""
-    from app.storage import overview
-
-    await conn.execute("VACUUM ANALYZE messages")
-    async with conn.transaction():
-        await conn.execute(overview.OVERVIEW_SETTINGS)
-        raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _compiled(overview._overview_query()))
-    document = raw if isinstance(raw, list) else json.loads(raw)
-    nodes = list(_nodes(document[0]["Plan"]))
-    reads = [n for n in nodes if n.get("Relation Name") == "messages"]
-    assert reads, nodes
-    assert all(n["Node Type"] == "Index Only Scan" for n in reads), reads

@@ -1,4 +1,4 @@
-"""many resources: name-ordered list pages from the unique index; the overview's dead count
+"""many resources: name-ordered list pages from the unique index
 
 Revision ID: 0005
 Revises: 0004
@@ -9,10 +9,7 @@ which the unique constraints' indexes, in the database's collation, could not gi
 order: a page sorted the whole table (36 ms at 100,000 queues; 1 ms in index order). The
 names now have collation "C": equality is unchanged (every collation here is
 deterministic), the code orders by ``COLLATE "C"`` explicitly everywhere, and the change
-rewrites no table, only the two unique indexes. The overview counts messages by status
-from partial indexes (ix_messages_claim for ready rows, ix_messages_lease for in-flight
-ones); ix_messages_dead gives it the dead ones without a scan of the table, and costs the
-hot path nothing (only dead rows enter it).
+rewrites no table, only the two unique indexes.
 """
 
 from collections.abc import Sequence
@@ -36,16 +33,9 @@ def upgrade() -> None:
             existing_type=sa.Text(),
             existing_nullable=False,
         )
-    op.create_index(
-        "ix_messages_dead",
-        "messages",
-        ["queue_id"],
-        postgresql_where=sa.text("status = 'dead'"),
-    )
 
 
 def downgrade() -> None:
-    op.drop_index("ix_messages_dead", table_name="messages")
     for table in ("queues", "exchanges"):
         op.alter_column(
             table,
