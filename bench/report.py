@@ -186,22 +186,25 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
     if throughput:
         lines += ["", THROUGHPUT_HEADER, "-" * len(THROUGHPUT_HEADER)]
         lines += [_throughput_row(r) for r in throughput]
-    backlog = [r for r in results if r.group == "backlog"]
-    if backlog:
-        header = (
+    sections = (
+        (
+            "backlog",
             f"{'backlog probe (claim latency)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} "
-            f"{'p95 ms':>8} {'p99 ms':>8} {'fill s':>8}"
-        )
-        lines += ["", header, "-" * len(header)]
-        lines += [_backlog_row(r) for r in backlog]
-    scale = [r for r in results if r.group == "scale"]
-    if scale:
-        header = (
+            f"{'p95 ms':>8} {'p99 ms':>8} {'fill s':>8}",
+            _backlog_row,
+        ),
+        (
+            "scale",
             f"{'scale (issue 19)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} "
-            f"{'p50/10':>7} {'p99/10':>7} {'total s':>8}"
-        )
-        lines += ["", header, "-" * len(header)]
-        lines += [_scale_row(r) for r in scale]
+            f"{'p50/10':>7} {'p99/10':>7} {'total s':>8}",
+            _scale_row,
+        ),
+    )
+    for group, header, row in sections:
+        chosen = [r for r in results if r.group == group]
+        if chosen:
+            lines += ["", header, "-" * len(header)]
+            lines += [row(r) for r in chosen]
     if ratio_rows:
         rounds = meta.get("rounds", 1) > 1
         header = (
