@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     migrate_on_start: bool = True
     #: at most this many concurrent publish calls share one INSERT (group commit); 1 = none
     publish_group_max: Annotated[int, Field(ge=1, le=1000)] = 256
+    #: at most this many bindings are kept compiled per broker process (least recently
+    #: published-to exchanges dropped first); 0 reads every exchange's bindings per publish
+    routing_cache_bindings: Annotated[int, Field(ge=0)] = 200_000
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);

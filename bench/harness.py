@@ -23,7 +23,7 @@ from typing import Any
 
 from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
-from bench import backlog, ceiling, groupcommit, mx, rabbit, report
+from bench import backlog, ceiling, groupcommit, mx, rabbit, report, scale
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -38,9 +38,9 @@ from bench.infra import (
 )
 from bench.stats import MESSAGE_BYTES, BenchError, Result, scenario_name
 
-GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog")
-NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog"}
-NEEDS_RABBITMQ = {"rabbitmq", "idle"}
+GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog", "scale")
+NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog", "scale"}
+NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale"}
 
 CEILING_BATCHES = (1, 10, 100)
 CEILING_CONNECTIONS = (1, 4)
@@ -56,6 +56,13 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "idle_count": (500, 50),
     "probes": (200, 10),
     "backlog_sizes": ([0, 100_000, 1_000_000], [0, 2_000]),
+    # the scale group (issue 19)
+    "binding_sizes": ([10, 1_000, 10_000, 100_000], [10, 1_000]),
+    "headers_sizes": ([10, 10_000], [10, 1_000]),
+    "scale_probes": (200, 20),
+    "declare_queues": (10_000, 200),
+    "list_queues": (100_000, 2_000),
+    "overview": ((1_000_000, 10_000), (10_000, 100)),
 }
 
 
@@ -111,6 +118,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-count", type=int, help="messages in the idle test (500; smoke 50)")
     p.add_argument("--probes", type=int, help="claims per backlog probe (200; smoke 10)")
     p.add_argument(
+        "--scale-probes", type=int, help="timed calls per scale scenario (200; smoke 20)"
+    )
+    p.add_argument(
+        "--binding-sizes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="bindings per exchange in the scale group (10,1000,10000,100000; smoke 10,1000)",
+    )
+    p.add_argument(
         "--fail-fast", action="store_true", help="stop at the first scenario that is not ok"
     )
     p.add_argument(
@@ -153,6 +168,12 @@ class Config:
     only: str | None = None
     gc_clients: int = groupcommit.CLIENTS
     rounds: int = 1
+    binding_sizes: list[int] = field(default_factory=list)
+    headers_sizes: list[int] = field(default_factory=list)
+    scale_probes: int = 200
+    declare_queues: int = 10_000
+    list_queues: int = 100_000
+    overview: tuple[int, int] = (1_000_000, 10_000)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -190,6 +211,12 @@ class Config:
             only=args.only,
             gc_clients=args.gc_clients,
             rounds=args.rounds,
+            binding_sizes=value("binding_sizes"),
+            headers_sizes=DEFAULTS["headers_sizes"][pick],
+            scale_probes=value("scale_probes"),
+            declare_queues=DEFAULTS["declare_queues"][pick],
+            list_queues=DEFAULTS["list_queues"][pick],
+            overview=DEFAULTS["overview"][pick],
         )
 
 
@@ -346,6 +373,52 @@ class Run:
         )
         await self.scenario("backlog", "backlog", backlog.run(settings))
 
+    async def run_scale(self) -> None:
+        """Issue 19's targets 3 and 5: bindings (MessageX beside RabbitMQ), then many
+        queues: declared, listed, and under a million messages in the overview."""
+        assert self.pg is not None
+        assert self.client is not None
+        c = self.cfg
+        rabbit_url = None if self.rabbit_skipped else c.rabbitmq_url
+        settings = scale.Settings(
+            self.client,
+            self.pg.url,
+            rabbit_url,
+            c.binding_sizes,
+            c.headers_sizes,
+            c.scale_probes,
+            c.declare_queues,
+            c.list_queues,
+            c.overview[0],
+            c.overview[1],
+            c.deadline,
+        )
+        deadline = max(c.deadline, 600.0)
+
+        def bounded(work: Awaitable[Any]) -> Awaitable[Any]:
+            return asyncio.wait_for(work, deadline)
+
+        for kind, sizes in (
+            ("topic", c.binding_sizes),
+            ("direct", c.binding_sizes),
+            ("headers", c.headers_sizes),
+        ):
+            for n in sizes:
+                work = bounded(scale.mx_bindings(settings, kind, n))
+                await self.scenario("scale", f"mx {kind} bindings={n}", work)
+                if rabbit_url is not None:
+                    work = bounded(scale.rabbit_bindings(settings, kind, n))
+                    await self.scenario("scale", f"rabbitmq {kind} bindings={n}", work)
+        scale.add_ratios(self.results)
+        n = c.declare_queues
+        work = bounded(scale.declare_queues(settings, n))
+        await self.scenario("scale", f"mx declare queues={n}", work)
+        work = bounded(scale.list_queues(settings, c.list_queues))
+        await self.scenario("scale", f"mx list queues={c.list_queues}", work)
+        messages, queues = c.overview
+        work = bounded(scale.overview(settings, messages, queues))
+        await self.scenario("scale", f"mx overview messages={messages} queues={queues}", work)
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -394,6 +467,7 @@ class Run:
             "rabbitmq": self.run_rabbitmq,
             "idle": self.run_idle,
             "backlog": self.run_backlog,
+            "scale": self.run_scale,
         }
         started = time.monotonic()
         try:

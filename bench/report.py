@@ -147,6 +147,17 @@ def _backlog_row(r: Result) -> str:
     )
 
 
+def _scale_row(r: Result) -> str:
+    lat = r.latency_ms or {}
+    ratios = [v for k, v in sorted(r.extra.items()) if "_ratio_to_" in k]
+    p50_ratio, p99_ratio = [*ratios, None, None][:2]
+    return (
+        f"{r.name:<44} {r.status:<10} {r.messages:>6} {_fmt(lat.get('p50'), '.2f'):>8} "
+        f"{_fmt(lat.get('p99'), '.2f'):>8} {_fmt(p50_ratio, '.2f'):>7} "
+        f"{_fmt(p99_ratio, '.2f'):>7} {_fmt(r.elapsed_s, '.1f'):>8}"
+    )
+
+
 def _ratio_row(r: dict[str, Any], rounds: bool) -> str:
     row = (
         f"{r['messagex']:<44} {r['baseline']:<40} {_fmt(r['rate'], '.3f'):>7} "
@@ -175,14 +186,25 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
     if throughput:
         lines += ["", THROUGHPUT_HEADER, "-" * len(THROUGHPUT_HEADER)]
         lines += [_throughput_row(r) for r in throughput]
-    backlog = [r for r in results if r.group == "backlog"]
-    if backlog:
-        header = (
+    sections = (
+        (
+            "backlog",
             f"{'backlog probe (claim latency)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} "
-            f"{'p95 ms':>8} {'p99 ms':>8} {'fill s':>8}"
-        )
-        lines += ["", header, "-" * len(header)]
-        lines += [_backlog_row(r) for r in backlog]
+            f"{'p95 ms':>8} {'p99 ms':>8} {'fill s':>8}",
+            _backlog_row,
+        ),
+        (
+            "scale",
+            f"{'scale (issue 19)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'p50/10':>7} {'p99/10':>7} {'total s':>8}",
+            _scale_row,
+        ),
+    )
+    for group, header, row in sections:
+        chosen = [r for r in results if r.group == group]
+        if chosen:
+            lines += ["", header, "-" * len(header)]
+            lines += [row(r) for r in chosen]
     if ratio_rows:
         rounds = meta.get("rounds", 1) > 1
         header = (

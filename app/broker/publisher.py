@@ -1,12 +1,14 @@
 """Route + persist atomically, then wake the dispatchers (contract §5, §7).
 
 A publish call is batched from end to end, whether it carries one message or a thousand,
-and concurrent calls are grouped (group commit): one query loads the routes of every
-exchange the group publishes to, every message is routed in Python (``app.domain.routing``),
-and ONE INSERT — one statement, so one atomic commit without a transaction block — stores
-every copy of every message of the group. Nothing of a call is stored unless everything is:
-an oversize body, an unroutable mandatory message or a database error fails the whole call;
-a call that fails inside a group is retried alone so that it cannot fail the others.
+and concurrent calls are grouped (group commit): one query checks the routes of every
+exchange the group publishes to (reading the bindings only of those that changed since this
+process compiled them: ``broker.routing_cache``), every message is routed in Python
+(``app.domain.routing``), and ONE INSERT — one statement, so one atomic commit without a
+transaction block — stores every copy of every message of the group. Nothing of a call is
+stored unless everything is: an oversize body, an unroutable mandatory message or a database
+error fails the whole call; a call that fails inside a group is retried alone so that it
+cannot fail the others.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from app.auth.permissions import Access, require
+from app.broker.routing_cache import MAX_BINDINGS, Routes, RoutingCache
 from app.broker.tasks import TaskOwner
-from app.domain.model import Delivery, ExchangeType, OutgoingMessage, PublishResult, User
-from app.domain.routing import BindingRule, route
+from app.domain.model import Delivery, OutgoingMessage, PublishResult, User
 from app.errors import (
     BrokerError,
     InternalError,
@@ -92,33 +94,19 @@ class _Request:
 
 
 class _Router:
-    """Routes many messages against one exchange snapshot, memoizing what it can.
+    """Routes many messages against one exchange's compiled bindings; when the routing key
+    alone decides (every type but headers), each distinct key is routed once per call."""
 
-    For direct, fanout and topic exchanges the routing key alone decides, so each distinct
-    key is routed once per call; a direct exchange's bindings are indexed by key, so a
-    message looks at the bindings with its key only. Headers routing runs per message.
-    """
-
-    def __init__(self, routes: store.ExchangeRoutes) -> None:
-        self.type = routes.type
-        self.bindings = routes.bindings
-        self._by_key: dict[str, list[BindingRule]] | None = None
-        if self.type is ExchangeType.DIRECT:
-            self._by_key = {}
-            for binding in routes.bindings:
-                self._by_key.setdefault(binding.routing_key, []).append(binding)
-        self._memo: dict[str, list[str]] = {}
+    def __init__(self, routes: Routes) -> None:
+        self._route = routes.route
+        self._memo: dict[str, list[str]] | None = {} if routes.route.by_key_only else None
 
     def __call__(self, message: OutgoingMessage) -> list[str]:
-        if self.type is ExchangeType.HEADERS:
-            return route(self.type, self.bindings, message.routing_key, message.headers)
+        if self._memo is None:
+            return self._route(message.routing_key, message.headers)
         queues = self._memo.get(message.routing_key)
         if queues is None:
-            candidates = (
-                self.bindings if self._by_key is None else self._by_key.get(message.routing_key, [])
-            )
-            queues = route(self.type, candidates, message.routing_key, message.headers)
-            self._memo[message.routing_key] = queues
+            queues = self._memo[message.routing_key] = self._route(message.routing_key, {})
         return queues
 
 
@@ -134,6 +122,7 @@ class Publisher:
         *,
         max_message_bytes: int,
         group_max: int = GROUP_MAX,
+        routing_cache_bindings: int = MAX_BINDINGS,
     ) -> None:
         self.db = db
         self.metrics = metrics
@@ -149,6 +138,8 @@ class Publisher:
         #: stored), and the retry looks the name up again.
         self._queue_ids: dict[str, int] = {}
         self._reserve: Reserve | None = None
+        #: each exchange's bindings, compiled, re-read only when their version changed
+        self.routing = RoutingCache(routing_cache_bindings)
 
     def set_reserve(self, reserve: Reserve) -> None:
         """Let copies go straight to idle subscribers with prefetch room (the direct
@@ -249,15 +240,15 @@ class Publisher:
         exchanges = sorted({r.exchange for r in group if r.exchange is not None})
         cached = self._queue_ids
         queues = sorted({r.queue for r in group if r.queue is not None and r.queue not in cached})
-        routes: dict[str, store.ExchangeRoutes] = {}
+        routes: dict[str, Routes] = {}
         found: dict[str, int] = {}
         if exchanges and queues:
             routes, found = await asyncio.gather(
-                store.load_routes(self.db.hot, exchanges),
+                self.routing.load(self.db.hot, exchanges),
                 store.find_queue_ids(self.db.hot, queues),
             )
         elif exchanges:
-            routes = await store.load_routes(self.db.hot, exchanges)
+            routes = await self.routing.load(self.db.hot, exchanges)
         elif queues:
             found = await store.find_queue_ids(self.db.hot, queues)
         if found:
@@ -276,7 +267,7 @@ class Publisher:
     def _plan_one(
         self,
         request: _Request,
-        routes: dict[str, store.ExchangeRoutes],
+        routes: dict[str, Routes],
         queue_ids: dict[str, int],
     ) -> _Plan:
         if request.exchange is not None:
@@ -403,9 +394,7 @@ class Publisher:
             prepared.append(message.evolve(message_id=message_id, properties=properties))
         return prepared
 
-    def _route(
-        self, routes: store.ExchangeRoutes, messages: list[OutgoingMessage], exchange: str
-    ) -> _Plan:
+    def _route(self, routes: Routes, messages: list[OutgoingMessage], exchange: str) -> _Plan:
         """Route every message; raise Unroutable for a mandatory message with no queue."""
         router = _Router(routes)
         plan = _Plan(messages, exchange=exchange)

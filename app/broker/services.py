@@ -83,6 +83,7 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
             metrics,
             max_message_bytes=settings.max_message_bytes,
             group_max=settings.publish_group_max,
+            routing_cache_bindings=settings.routing_cache_bindings,
         ),
         browser=MessageBrowser(db),
         ops=OverviewService(db),

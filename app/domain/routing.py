@@ -7,9 +7,10 @@ except that headers values are compared as JSON values (``1`` equals ``1.0``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from math import isfinite
 from typing import Any, assert_never
 
 from app.domain.model import ExchangeType
@@ -17,6 +18,9 @@ from app.domain.model import ExchangeType
 __all__ = [
     "X_MATCH_VALUES",
     "BindingRule",
+    "CompiledRoutes",
+    "HeadersIndex",
+    "TopicTrie",
     "check_binding_arguments",
     "headers_match",
     "route",
@@ -161,19 +165,29 @@ def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any]) -> b
     and ``x-match`` itself never. An ``x-match`` that is not one of
     :data:`X_MATCH_VALUES` (rejected at bind time) is read as ``all``, as RabbitMQ does.
     """
-    mode = arguments.get(_X_MATCH, _DEFAULT_X_MATCH)
-    if not isinstance(mode, str) or mode not in X_MATCH_VALUES:
-        mode = _DEFAULT_X_MATCH
-    need_all = mode.startswith("all")
-    with_x = mode.endswith("-with-x")
-    for key, expected in arguments.items():
-        if key == _X_MATCH or (not with_x and key.startswith(_X_PREFIX)):
-            continue
+    need_all, with_x = _x_match(arguments)
+    for key, expected in _compared(arguments, with_x):
         matched = key in headers and _json_equal(expected, headers[key])
         if matched != need_all:
             # "all" and this one differs, or "any" and this one is equal: decided.
             return matched
     return need_all
+
+
+def _x_match(arguments: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(needs all, compares x- keys) of a headers binding's ``x-match``."""
+    mode = arguments.get(_X_MATCH, _DEFAULT_X_MATCH)
+    if not isinstance(mode, str) or mode not in X_MATCH_VALUES:
+        mode = _DEFAULT_X_MATCH
+    return mode.startswith("all"), mode.endswith("-with-x")
+
+
+def _compared(arguments: Mapping[str, Any], with_x: bool) -> Iterator[tuple[str, Any]]:
+    """The (key, value) pairs of a headers binding that are compared with the headers."""
+    for key, expected in arguments.items():
+        if key == _X_MATCH or (not with_x and key.startswith(_X_PREFIX)):
+            continue
+        yield key, expected
 
 
 _JSON_TYPE_NAMES: tuple[tuple[type | tuple[type, ...], str], ...] = (
@@ -215,6 +229,202 @@ def _json_equal(left: Any, right: Any) -> bool:
         elif a != b:
             return False
     return True
+
+
+# --------------------------------------------------------------------------- compiled
+
+
+class _TrieNode:
+    __slots__ = ("hash", "is_hash", "star", "terminals", "words")
+
+    def __init__(self, is_hash: bool = False) -> None:
+        self.words: dict[str, _TrieNode] = {}
+        self.star: _TrieNode | None = None
+        self.hash: _TrieNode | None = None
+        self.is_hash = is_hash  # reached through a "#": may consume more words and stay
+        self.terminals: list[int] = []
+
+
+class TopicTrie:
+    """Many topic binding keys compiled into one trie over their words.
+
+    ``match`` returns the indices (in insertion order) of the patterns that match a key,
+    with exactly :func:`topic_matches`' semantics. It walks the trie once: the work depends
+    on the key and on how many patterns share wildcards along its path, not on the number
+    of patterns. States are (node, words consumed) pairs, each visited once, so runs of
+    ``#`` cannot make it exponential.
+    """
+
+    __slots__ = ("_root",)
+
+    def __init__(self, patterns: Iterable[str] = ()) -> None:
+        self._root = _TrieNode()
+        for index, pattern in enumerate(patterns):
+            self._add(pattern, index)
+
+    def _add(self, pattern: str, index: int) -> None:
+        node = self._root
+        for word in _split_words(pattern):
+            if word == "#":
+                if node.is_hash:  # "#.#" matches what "#" does
+                    continue
+                if node.hash is None:
+                    node.hash = _TrieNode(is_hash=True)
+                node = node.hash
+            elif word == "*":
+                if node.star is None:
+                    node.star = _TrieNode()
+                node = node.star
+            else:
+                child = node.words.get(word)
+                if child is None:
+                    child = node.words[word] = _TrieNode()
+                node = child
+        node.terminals.append(index)
+
+    def match(self, routing_key: str) -> list[int]:
+        """Indices of the patterns matching ``routing_key``, ascending."""
+        words = _split_words(routing_key)
+        end = len(words)
+        found: set[int] = set()
+        seen: set[tuple[int, int]] = set()
+        pending: list[tuple[_TrieNode, int]] = [(self._root, 0)]
+        while pending:
+            node, at = pending.pop()
+            state = (id(node), at)
+            if state in seen:
+                continue
+            seen.add(state)
+            if node.hash is not None:  # "#" matching zero words
+                pending.append((node.hash, at))
+            if at == end:
+                found.update(node.terminals)
+                continue
+            if node.is_hash:  # "#" consuming one more word
+                pending.append((node, at + 1))
+            child = node.words.get(words[at])
+            if child is not None:
+                pending.append((child, at + 1))
+            if node.star is not None:
+                pending.append((node.star, at + 1))
+        return sorted(found)
+
+
+def _scalar_key(value: Any) -> tuple[str, Any] | None:
+    """A hashable key equal for exactly the JSON-equal scalars (``1`` and ``1.0`` alike,
+    ``true`` apart from ``1``); None for arrays, objects and non-finite numbers."""
+    if isinstance(value, bool):
+        return ("boolean", value)
+    if isinstance(value, int):
+        return ("number", value)
+    if isinstance(value, float):
+        return ("number", value) if isfinite(value) else None
+    if isinstance(value, str):
+        return ("string", value)
+    if value is None:
+        return ("null", None)
+    return None
+
+
+class HeadersIndex:
+    """Many headers bindings' arguments, indexed so that a message tests few of them.
+
+    An ``all`` binding can match only a message that carries its first compared scalar
+    (key, value) pair, so it is filed under that pair; an ``any`` binding whose compared
+    values are all scalars can match only a message carrying one of them, so it is filed
+    under each. The rest (nothing to compare, only array/object values) are tested on every
+    message. Every candidate is then confirmed with :func:`headers_match`, so the index
+    only narrows, never decides.
+    """
+
+    __slots__ = ("_always", "_arguments", "_by_pair")
+
+    def __init__(self, arguments: Sequence[Mapping[str, Any]]) -> None:
+        self._arguments = arguments
+        self._by_pair: dict[tuple[str, tuple[str, Any]], list[int]] = {}
+        self._always: list[int] = []
+        for index, args in enumerate(arguments):
+            pairs = self._filing(args)
+            if pairs is None:
+                self._always.append(index)
+            for pair in pairs or ():
+                self._by_pair.setdefault(pair, []).append(index)
+
+    @staticmethod
+    def _filing(args: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]] | None:
+        need_all, with_x = _x_match(args)
+        pairs: list[tuple[str, tuple[str, Any]]] = []
+        for key, expected in _compared(args, with_x):
+            scalar = _scalar_key(expected)
+            if need_all and scalar is not None:
+                return [(key, scalar)]
+            if not need_all:
+                if scalar is None:
+                    return None
+                pairs.append((key, scalar))
+        # "all" with no scalar to file under is tested always; "any" with nothing to
+        # compare matches nothing, and is filed nowhere.
+        return None if need_all else pairs
+
+    def match(self, headers: Mapping[str, Any]) -> list[int]:
+        """Indices of the bindings whose arguments match ``headers``, ascending."""
+        candidates: set[int] = set(self._always)
+        if self._by_pair:
+            for key, value in headers.items():
+                scalar = _scalar_key(value)
+                if scalar is not None:
+                    candidates.update(self._by_pair.get((key, scalar), ()))
+        arguments = self._arguments
+        return sorted(i for i in candidates if headers_match(arguments[i], headers))
+
+
+class CompiledRoutes:
+    """An exchange's bindings compiled for routing many messages: :func:`route`'s answer,
+    at a cost that grows with the matches rather than with the number of bindings
+    (direct: a dict by key; topic: a :class:`TopicTrie`; headers: a :class:`HeadersIndex`).
+
+    ``by_key_only`` says whether the answer depends on the routing key alone (so callers
+    may memoize it per key): every type but headers.
+    """
+
+    __slots__ = ("_direct", "_headers", "_queues", "_topic", "by_key_only", "type")
+
+    def __init__(self, exchange_type: ExchangeType, bindings: Sequence[BindingRule]) -> None:
+        kind = ExchangeType(exchange_type)
+        self.type = kind
+        self.by_key_only = kind is not ExchangeType.HEADERS
+        self._queues = [b.queue for b in bindings]
+        self._direct: dict[str, list[str]] | None = None
+        self._topic: TopicTrie | None = None
+        self._headers: HeadersIndex | None = None
+        if kind is ExchangeType.DIRECT:
+            self._direct = {}
+            for binding in bindings:
+                queues = self._direct.setdefault(binding.routing_key, [])
+                if binding.queue not in queues:
+                    queues.append(binding.queue)
+        elif kind is ExchangeType.FANOUT:
+            self._direct = {"": list(dict.fromkeys(self._queues))}
+        elif kind is ExchangeType.TOPIC:
+            self._topic = TopicTrie(b.routing_key for b in bindings)
+        elif kind is ExchangeType.HEADERS:
+            self._headers = HeadersIndex([b.arguments for b in bindings])
+        else:
+            assert_never(kind)
+
+    def __call__(self, routing_key: str, headers: Mapping[str, Any]) -> list[str]:
+        """Distinct queue names the message goes to, in order of the first matching
+        binding (as :func:`route`)."""
+        if self._direct is not None:
+            key = "" if self.type is ExchangeType.FANOUT else routing_key
+            return list(self._direct.get(key, ()))
+        if self._topic is not None:
+            matched = self._topic.match(routing_key)
+        else:
+            assert self._headers is not None
+            matched = self._headers.match(headers)
+        queues = self._queues
+        return list(dict.fromkeys(queues[i] for i in matched))
 
 
 # --------------------------------------------------------------------------- validation

@@ -47,24 +47,53 @@ async def _run(
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingVersion:
+    """Which binding set of an exchange a copy was read at: its id (a re-declared exchange
+    has a new one) and its ``routing_version``."""
+
+    id: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class ExchangeRoutes:
-    """What routing needs about an exchange: its type, its bindings, its queues' ids."""
+    """What routing needs about an exchange: its type, its bindings, its queues' ids, and
+    the version they were read at."""
 
     type: ExchangeType
+    at: RoutingVersion
     bindings: list[BindingRule]
     queue_ids: dict[str, int]
 
 
-async def load_routes(hot: HotPath, names: Sequence[str]) -> dict[str, ExchangeRoutes]:
-    """Type and bindings of each named exchange that exists, in one round trip."""
-    rows = await hot.fetch(queries.LOAD_ROUTES, {"names": list(names)})
-    routes: dict[str, ExchangeRoutes] = {}
-    for name, type_, queue_id, queue_name, routing_key, arguments in rows:
+async def load_routes(
+    hot: HotPath, names: Sequence[str], known: Mapping[str, RoutingVersion] | None = None
+) -> dict[str, ExchangeRoutes | RoutingVersion]:
+    """For each named exchange that exists, in one round trip: its routes, or only its
+    current version when that is the one ``known`` gives for it (the caller's copy is
+    current)."""
+    known = known or {}
+    versions = [known.get(name) for name in names]
+    rows = await hot.fetch(
+        queries.LOAD_ROUTES,
+        {
+            "names": list(names),
+            "known_ids": [v.id if v else None for v in versions],
+            "known_versions": [v.version if v else None for v in versions],
+        },
+    )
+    routes: dict[str, ExchangeRoutes | RoutingVersion] = {}
+    for name, id_, type_, version, queue_id, queue_name, routing_key, arguments in rows:
         found = routes.get(name)
         if found is None:
-            found = routes[name] = ExchangeRoutes(ExchangeType(type_), [], {})
+            at = RoutingVersion(id_, version)
+            if known.get(name) == at:
+                routes[name] = at
+                continue
+            found = routes[name] = ExchangeRoutes(ExchangeType(type_), at, [], {})
         if queue_id is None:  # the exchange has no bindings
             continue
+        assert isinstance(found, ExchangeRoutes)
         found.bindings.append(BindingRule(queue_name, routing_key, arguments))
         found.queue_ids[queue_name] = queue_id
     return routes

@@ -51,12 +51,16 @@ exchanges = Table(
     "exchanges",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("name", Text, nullable=False),
+    Column("name", Text(collation="C"), nullable=False),  # byte order, as queues.name
     Column("type", Text, nullable=False),
     Column("durable", Boolean, nullable=False, server_default=text("true")),
     Column("auto_delete", Boolean, nullable=False, server_default=text("false")),
     Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
     _ts("created_at"),
+    # Incremented, by trigger (migration 0004), by every statement that adds or removes
+    # bindings of the exchange, so that broker processes can keep its bindings compiled
+    # (broker/routing_cache.py).
+    Column("routing_version", BigInteger, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     CheckConstraint("type IN ('direct', 'fanout', 'topic', 'headers')", name="type"),
 )
@@ -65,7 +69,9 @@ queues = Table(
     "queues",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("name", Text, nullable=False),
+    # Byte order (collation "C", whatever the database's), so that the unique index gives
+    # GET /queues its pages in order: a page sorted every queue (36 ms at 100,000 queues).
+    Column("name", Text(collation="C"), nullable=False),
     Column("durable", Boolean, nullable=False, server_default=text("true")),
     Column("max_delivery_count", Integer, nullable=True),
     # ON DELETE RESTRICT: a queue named as another's dead-letter queue cannot go (409).

@@ -9,9 +9,16 @@ Concurrency, in one place (all transactions run at READ COMMITTED):
   snapshot, so it sees the winner. If the winner was deleted in between, the declare retries.
 - Row-lock order, everywhere: queue → exchange → binding rows. A binding insert takes
   ``FOR KEY SHARE`` on its queue and then its exchange (the same locks its foreign keys take);
-  a queue delete locks the queue ``FOR UPDATE``, then its auto-delete exchanges ``FOR UPDATE``,
-  and only then cascades into ``bindings``; an exchange delete or binding delete locks the
-  exchange first and then binding rows. One order means no deadlock between these paths.
+  a queue delete locks the queue ``FOR UPDATE``, then its bound exchanges ``FOR UPDATE`` (in
+  id order), and only then cascades into ``bindings``; an exchange delete or binding delete
+  locks the exchange first and then binding rows. One order means no deadlock between these
+  paths.
+- Every statement that adds or removes bindings (a cascade from a queue delete included)
+  increments the routing_version of their exchanges, by trigger (migration 0004), in the
+  same transaction: an UPDATE of the exchange row after the binding rows. A binding insert
+  holds KEY SHARE on the exchange, with which that FOR NO KEY UPDATE does not conflict; a
+  binding delete and a queue delete lock the exchanges first. Publishers rely on it to
+  keep compiled bindings (storage.queries.LOAD_ROUTES).
 - Checks that must hold at the moment of a delete (``if_empty``, ``if_unused``, "not a
   dead-letter queue", "last binding gone") are made after the row lock is taken, each in a
   new statement (so with a snapshot that includes every transaction that held a conflicting
@@ -385,21 +392,18 @@ async def delete_queue(
         raise PreconditionFailed(f"queue '{name}' is not empty")
     if if_unused and (await conn.execute(select(_live_subscriptions(queue_id).exists()))).scalar():
         raise PreconditionFailed(f"queue '{name}' is in use (it has consumers)")
-    # Lock the auto-delete exchanges bound to this queue before the cascade touches bindings
-    # (lock order queue → exchange → bindings, as everywhere else).
-    auto_delete_ids = list(
-        (
-            await conn.execute(
-                select(_ex.c.id)
-                .where(
-                    _ex.c.auto_delete,
-                    _ex.c.id.in_(select(_b.c.exchange_id).where(_b.c.queue_id == queue_id)),
-                )
-                .order_by(_ex.c.id)
-                .with_for_update()
-            )
-        ).scalars()
-    )
+    # Lock the exchanges bound to this queue, in id order, before the cascade touches
+    # bindings (lock order queue → exchange → bindings, as everywhere else): the auto-delete
+    # ones may go with it, and the cascade's trigger bumps every one's routing_version.
+    bound = (
+        await conn.execute(
+            select(_ex.c.id, _ex.c.auto_delete)
+            .where(_ex.c.id.in_(select(_b.c.exchange_id).where(_b.c.queue_id == queue_id)))
+            .order_by(_ex.c.id)
+            .with_for_update()
+        )
+    ).all()
+    auto_delete_ids = [row.id for row in bound if row.auto_delete]
     try:
         await conn.execute(delete(_q).where(_q.c.id == queue_id))
     except IntegrityError as exc:  # the lock makes this unreachable; keep the 409 regardless
@@ -572,8 +576,11 @@ async def delete_binding(conn: AsyncConnection, binding_id: int) -> tuple[bool, 
     if row is None:
         return False, []
     exchange_id, auto_delete = row.exchange_id, row.auto_delete
-    if auto_delete:  # immutable, so reading it before the lock is fine
-        await conn.execute(select(_ex.c.id).where(_ex.c.id == exchange_id).with_for_update())
+    # Lock the exchange before the binding row (the lock order): the delete's trigger
+    # updates its routing_version. FOR UPDATE when it may be deleted with its last binding
+    # (auto_delete is immutable, so reading it before the lock is fine).
+    lock = select(_ex.c.id).where(_ex.c.id == exchange_id)
+    await conn.execute(lock.with_for_update(key_share=not auto_delete))
     deleted = (
         await conn.execute(delete(_b).where(_b.c.id == binding_id).returning(_b.c.id))
     ).scalar()

@@ -132,3 +132,27 @@ def test_smoke_run_reports_idle_backlog_ratios_and_a_table(
         assert r["rate"] > 0, r
     assert "ceiling batch=1 connections=1" in stdout
     assert "mx ws publish=batch prefetch=100" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -> None:
+    doc, stdout = smoke
+    scale = {s["name"]: s for s in by_group(doc, "scale")}
+    bindings = [
+        f"mx {kind} bindings={n}" for kind in ("topic", "direct", "headers") for n in (10, 1000)
+    ]
+    resources = [
+        "mx declare queues=200",
+        "mx list queues=2000 page=first",
+        "mx list queues=2000 page=middle",
+        "mx overview messages=10000 queues=100",
+    ]
+    assert set(scale) == set(bindings + resources), sorted(scale)
+    for s in scale.values():
+        assert s["status"] == "ok", s
+        assert s["latency_ms"]["p50"] > 0, s
+    for name in bindings:
+        ratio = scale[name]["extra"]["p50_ratio_to_10"]
+        assert ratio == 1.0 if name.endswith("=10") else ratio > 0, (name, ratio)
+    assert scale["mx declare queues=200"]["elapsed_s"] > 0
+    assert "scale (issue 19)" in stdout

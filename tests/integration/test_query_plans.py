@@ -7,7 +7,9 @@ PostgreSQL may switch to after five), with statistics taken by ANALYZE:
 - the claim walks ``ix_messages_claim`` (never a sequential scan or a sort of the queue),
   with the backlog in the claimed queue and in another one;
 - a batched ACK finds its rows by primary key even when many deliveries are in flight (it
-  used to walk the partial in-flight index, a cost that grew with the deliveries in flight).
+  used to walk the partial in-flight index, a cost that grew with the deliveries in flight);
+- the publish's route read does not read the bindings of an exchange whose compiled copy
+  is current.
 """
 
 from __future__ import annotations
@@ -370,3 +372,82 @@ async def test_each_hot_path_pool_has_its_planner_settings(database_url: str) ->
             assert await c.fetchval("SHOW plan_cache_mode") == "auto"
     finally:
         await hot.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection, mode: str) -> None:
+    """The publish's route read returns the bindings only of exchanges whose routing version
+    differs from the caller's compiled copy: with the copy current, the bindings of an
+    exchange with many are not read at all (a one-time filter), however it is planned."""
+    exchange_id = await conn.fetchval(
+        "INSERT INTO exchanges (name, type) VALUES ('wide', 'topic') RETURNING id"
+    )
+    queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    await conn.execute(
+        """
+        INSERT INTO bindings (exchange_id, queue_id, routing_key)
+        SELECT $1, $2, 'k.' || g FROM generate_series(1, 20000) AS g
+        """,
+        exchange_id,
+        queue_id,
+    )
+    await conn.execute("ANALYZE bindings")
+    version = await conn.fetchval(
+        "SELECT routing_version FROM exchanges WHERE id = $1", exchange_id
+    )
+    current = {"names": ["wide"], "known_ids": [exchange_id], "known_versions": [version]}
+    stale = {**current, "known_versions": [version - 1]}
+    statement = queries.LOAD_ROUTES
+    for params, rows in ((current, 1), (stale, 20000)):
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        raw = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql, *statement.args(params)
+        )
+        document = raw if isinstance(raw, list) else json.loads(raw)
+        plan = document[0]["Plan"]
+        assert plan["Actual Rows"] == rows, plan
+        reads = [n for n in _nodes(plan) if n.get("Relation Name") == "bindings"]
+        assert reads, plan
+        if params is current:
+            assert all(n["Actual Loops"] == 0 for n in reads), reads
+
+
+def _compiled(statement: Any) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    return str(statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+class _Capture:
+    """Stands in for a connection to capture the statement a storage function runs."""
+
+    def __init__(self) -> None:
+        self.statements: list[Any] = []
+
+    async def execute(self, statement: Any) -> list[Any]:
+        self.statements.append(statement)
+        return []
+
+
+@pytest.mark.parametrize("after", [None, "q0010000"])
+async def test_a_queue_list_page_is_read_in_index_order(
+    conn: asyncpg.Connection, after: str | None
+) -> None:
+    """GET /queues pages by name in byte order: with many queues, a page is read from the
+    unique index in order (queues.name has collation "C"), never sorted whole."""
+    from app.storage import topology
+
+    await conn.execute(
+        "INSERT INTO queues (name) SELECT 'q' || lpad(g::text, 7, '0') "
+        "FROM generate_series(1, 20000) AS g"
+    )
+    await conn.execute("ANALYZE queues")
+    capture = _Capture()
+    await topology.list_queues(capture, after=after, limit=101)  # type: ignore[arg-type]
+    raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _compiled(capture.statements[0]))
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    nodes = list(_nodes(document[0]["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
+    names = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "queues"}
+    assert "uq_queues_name" in names, nodes

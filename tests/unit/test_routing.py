@@ -14,6 +14,9 @@ from app.domain.model import ExchangeType
 from app.domain.routing import (
     X_MATCH_VALUES,
     BindingRule,
+    CompiledRoutes,
+    HeadersIndex,
+    TopicTrie,
     check_binding_arguments,
     headers_match,
     route,
@@ -170,21 +173,21 @@ def test_topic_long_keys_match_quickly() -> None:
     assert time.perf_counter() - started < 1.0
 
 
-@pytest.mark.parametrize(
-    ("pattern", "key", "expected"),
-    [
-        ("#.#.#.#.#.#.x", ".".join(["a"] * 300), False),
-        ("#.#.#.#.#.#.x", ".".join(["a"] * 300) + ".x", True),
-        ("#.a." * 60 + "b", ".".join(["a"] * 400), False),
-        ("#.a." * 60 + "b", ".".join(["a"] * 400) + ".b", True),
-        ("#.*." * 60 + "b", ".".join(["a"] * 400), False),
-        ("*.#." * 60 + "b", "." * 400, False),
-        (".".join(["#"] * 500), "." * 500, True),
-        (".".join(["#", "a"] * 150 + ["c"]), ".".join(["a"] * 300 + ["b"]), False),
-        ("#." * 200 + "*." * 200 + "#", ".".join(["z"] * 199), False),
-        ("#." * 200 + "*." * 200 + "#", ".".join(["z"] * 200), True),
-    ],
-)
+_PATHOLOGICAL_TOPIC_CASES = [
+    ("#.#.#.#.#.#.x", ".".join(["a"] * 300), False),
+    ("#.#.#.#.#.#.x", ".".join(["a"] * 300) + ".x", True),
+    ("#.a." * 60 + "b", ".".join(["a"] * 400), False),
+    ("#.a." * 60 + "b", ".".join(["a"] * 400) + ".b", True),
+    ("#.*." * 60 + "b", ".".join(["a"] * 400), False),
+    ("*.#." * 60 + "b", "." * 400, False),
+    (".".join(["#"] * 500), "." * 500, True),
+    (".".join(["#", "a"] * 150 + ["c"]), ".".join(["a"] * 300 + ["b"]), False),
+    ("#." * 200 + "*." * 200 + "#", ".".join(["z"] * 199), False),
+    ("#." * 200 + "*." * 200 + "#", ".".join(["z"] * 200), True),
+]
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), _PATHOLOGICAL_TOPIC_CASES)
 def test_topic_pathological_patterns_are_not_exponential(
     pattern: str, key: str, expected: bool
 ) -> None:
@@ -654,3 +657,118 @@ def test_check_binding_arguments_ignores_x_match_on_other_exchange_types(
     exchange_type: ExchangeType, x_match: Any
 ) -> None:
     check_binding_arguments(exchange_type, {"x-match": x_match})
+
+
+# --------------------------------------------------------------------------- compiled routes
+# CompiledRoutes (the trie, the headers index, the direct dict) must answer exactly what
+# the reference ``route`` (one binding at a time) answers.
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    patterns=st.lists(st.lists(_PATTERN_WORDS, max_size=6).map(_join), max_size=12),
+    key=st.lists(_KEY_WORDS, max_size=8).map(_join),
+)
+def test_topic_trie_agrees_with_topic_matches(patterns: list[str], key: str) -> None:
+    expected = [i for i, pattern in enumerate(patterns) if topic_matches(pattern, key)]
+    assert TopicTrie(patterns).match(key) == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "key"),
+    [
+        ("#", ""),
+        ("#.#", ""),
+        ("", ""),
+        ("*", ""),
+        ("a.#.#.b", "a.b"),
+        ("a.", "a."),
+        ("*.*", "."),
+        ("#.*.#", "."),
+    ],
+)
+def test_topic_trie_empty_words_and_empty_key(pattern: str, key: str) -> None:
+    assert TopicTrie([pattern]).match(key) == ([0] if topic_matches(pattern, key) else [])
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), _PATHOLOGICAL_TOPIC_CASES)
+def test_topic_trie_pathological_patterns_are_not_exponential(
+    pattern: str, key: str, expected: bool
+) -> None:
+    trie = TopicTrie([pattern, "#.x", "*"])
+    started = time.perf_counter()
+    for _ in range(10):
+        assert (0 in trie.match(key)) is expected
+    assert time.perf_counter() - started < 1.0
+
+
+_HEADER_VALUES = st.sampled_from([1, 1.0, 2, True, False, "1", "a", None, [1], {"k": 1}, 0.5])
+_HEADER_KEYS = st.sampled_from(["a", "b", "x-c"])
+_X_MATCH_ARG = st.sampled_from([None, "all", "any", "all-with-x", "any-with-x", "bogus", 1])
+
+
+def _arguments(x_match: Any, pairs: dict[str, Any]) -> dict[str, Any]:
+    return pairs if x_match is None else {"x-match": x_match, **pairs}
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    bindings=st.lists(
+        st.tuples(_X_MATCH_ARG, st.dictionaries(_HEADER_KEYS, _HEADER_VALUES, max_size=3)),
+        max_size=10,
+    ),
+    headers=st.dictionaries(_HEADER_KEYS, _HEADER_VALUES, max_size=3),
+)
+def test_headers_index_agrees_with_headers_match(
+    bindings: list[tuple[Any, dict[str, Any]]], headers: dict[str, Any]
+) -> None:
+    arguments = [_arguments(x_match, pairs) for x_match, pairs in bindings]
+    expected = [i for i, args in enumerate(arguments) if headers_match(args, headers)]
+    assert HeadersIndex(arguments).match(headers) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    exchange_type=st.sampled_from(list(ExchangeType)),
+    bindings=st.lists(
+        st.tuples(
+            st.sampled_from(["q1", "q2", "q3"]),
+            st.lists(_PATTERN_WORDS, max_size=4).map(_join),
+            st.dictionaries(_HEADER_KEYS, _HEADER_VALUES, max_size=2),
+        ),
+        max_size=8,
+    ),
+    key=st.lists(_KEY_WORDS, max_size=5).map(_join),
+    headers=st.dictionaries(_HEADER_KEYS, _HEADER_VALUES, max_size=2),
+)
+def test_compiled_routes_agree_with_route(
+    exchange_type: ExchangeType,
+    bindings: list[tuple[str, str, dict[str, Any]]],
+    key: str,
+    headers: dict[str, Any],
+) -> None:
+    rules = [rule(queue, pattern, arguments) for queue, pattern, arguments in bindings]
+    compiled = CompiledRoutes(exchange_type, rules)
+    assert compiled(key, headers) == route(exchange_type, rules, key, headers)
+    assert compiled.by_key_only is (exchange_type is not ExchangeType.HEADERS)
+
+
+def test_compiled_topic_routes_many_bindings_in_time_independent_of_their_number() -> None:
+    rules = [rule(f"q{i}", f"k{i}.*.*.#") for i in range(100_000)] + [rule("hit", "k7.x")]
+    compiled = CompiledRoutes(ExchangeType.TOPIC, rules)
+    started = time.perf_counter()
+    for _ in range(1000):
+        assert compiled("k7.x", {}) == ["hit"]
+    assert time.perf_counter() - started < 1.0
+
+
+def test_compiled_headers_index_tests_only_candidates() -> None:
+    rules = [rule(f"q{i}", "", {"id": i, "kind": "x"}) for i in range(10_000)]
+    rules.append(rule("every", "", {}))
+    rules.append(rule("any", "", {"x-match": "any", "id": 5, "other": "y"}))
+    compiled = CompiledRoutes(ExchangeType.HEADERS, rules)
+    started = time.perf_counter()
+    for _ in range(1000):
+        assert compiled("", {"id": 5.0, "kind": "x"}) == ["q5", "every", "any"]
+    assert time.perf_counter() - started < 1.0
+    assert compiled("", {"id": True, "kind": "x"}) == ["every"]
