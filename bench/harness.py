@@ -23,7 +23,7 @@ from typing import Any
 
 from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
-from bench import backlog, ceiling, groupcommit, mx, rabbit, report
+from bench import backlog, ceiling, groupcommit, mx, rabbit, report, scale_idle
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -38,9 +38,9 @@ from bench.infra import (
 )
 from bench.stats import MESSAGE_BYTES, BenchError, Result, scenario_name
 
-GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog")
-NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog"}
-NEEDS_RABBITMQ = {"rabbitmq", "idle"}
+GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog", "scale")
+NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog", "scale"}
+NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale"}
 
 CEILING_BATCHES = (1, 10, 100)
 CEILING_CONNECTIONS = (1, 4)
@@ -346,6 +346,9 @@ class Run:
         )
         await self.scenario("backlog", "backlog", backlog.run(settings))
 
+    async def run_scale(self) -> None:
+        await scale_idle.run(self)
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -394,6 +397,7 @@ class Run:
             "rabbitmq": self.run_rabbitmq,
             "idle": self.run_idle,
             "backlog": self.run_backlog,
+            "scale": self.run_scale,
         }
         started = time.monotonic()
         try:
