@@ -24,16 +24,16 @@ import contextlib
 import os
 import random
 import re
-import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
-import psutil
+import psutil  # type: ignore[import-untyped]
 
+from app.runtime import raise_open_files_limit
 from bench.infra import BrokerProcess, Meters
 from bench.mx import EXCHANGE, Mx, RawHttp
 from bench.stats import (
@@ -65,14 +65,8 @@ BUSY_COUNT = (50_000, 1_000)
 #: requests or handshakes in flight while setting up
 SETUP_CONCURRENCY = 32
 
-
-def raise_open_files_limit() -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit: 10,000 sockets need it. Returns the limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        soft = hard
-    return soft
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def rss_mib(pid: int) -> float:
@@ -82,18 +76,20 @@ def rss_mib(pid: int) -> float:
     for child in proc.children(recursive=True):
         with contextlib.suppress(psutil.Error):
             total += child.memory_info().rss
-    return round(total / 2**20, 1)
+    return round(float(total) / 2**20, 1)
 
 
-async def bounded(jobs: Iterable[Callable[[], Awaitable[Any]]], limit: int) -> list[Any]:
-    """Run the jobs, at most ``limit`` at a time, in order of results."""
+async def bounded(
+    items: Iterable[T], job: Callable[[T], Awaitable[R]], limit: int = SETUP_CONCURRENCY
+) -> list[R]:
+    """``job(item)`` for every item, at most ``limit`` at a time; results in item order."""
     semaphore = asyncio.Semaphore(limit)
 
-    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+    async def one(item: T) -> R:
         async with semaphore:
-            return await job()
+            return await job(item)
 
-    return list(await asyncio.gather(*(one(j) for j in jobs)))
+    return list(await asyncio.gather(*(one(i) for i in items)))
 
 
 def cpu_percent(meters: Meters, seconds: float) -> dict[str, float | None]:
@@ -120,14 +116,11 @@ class Scale:
 
     async def declare(self, names: Sequence[str]) -> None:
         since = time.monotonic()
-        await bounded(
-            [lambda n=n: self.mx.call("PUT", f"/queues/{n}", {}) for n in names],
-            SETUP_CONCURRENCY,
-        )
+        await bounded(names, lambda n: self.mx.call("PUT", f"/queues/{n}", {}))
         self.step(f"declared {len(names)} queues", since)
 
     async def delete(self, names: Sequence[str]) -> None:
-        await bounded([lambda n=n: self.mx.delete_queue(n) for n in names], SETUP_CONCURRENCY)
+        await bounded(names, self.mx.delete_queue)
 
     async def connect(self) -> WsClient:
         ws = await WsClient.open(self.mx.ws_url, {"Authorization": self.mx.authorization})
@@ -160,7 +153,7 @@ class Scale:
         # The first alone: it fills the broker's credential cache, so the others do not all
         # hash the password at once.
         first = await one(parts[0])
-        rest = await bounded([lambda p=p: one(p) for p in parts[1:]], SETUP_CONCURRENCY)
+        rest = await bounded(parts[1:], one)
         return [first, *rest]
 
     # -- idle subscriptions --------------------------------------------------------------
@@ -195,7 +188,7 @@ class Scale:
         finally:
             http.close()
             await cancel_all(tasks)
-            await bounded([lambda ws=ws: ws.close() for ws in sockets], SETUP_CONCURRENCY)
+            await bounded(sockets, WsClient.close)
 
     async def probe(
         self,
@@ -253,7 +246,7 @@ class Scale:
                     await q.consume(on_message)
 
             parts = [[queues[i] for i in r] for r in shares(len(queues), connections)]
-            await bounded([lambda p=p: consume(p) for p in parts], 16)
+            await bounded(parts, consume, 16)
             await asyncio.sleep(2.0)
             meters = self.run.rabbit_meters()
             meters.start()
@@ -267,9 +260,8 @@ class Scale:
                 message = aio_pika.Message(make_body(seq), delivery_mode=2)
                 await pub.default_exchange.publish(message, routing_key=rng.choice(queues))
                 await asyncio.sleep(0.02)
-            deadline = time.monotonic() + 10
-            while not sink.done.is_set() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sink.done.wait(), 10)
             status = "ok" if sink.done.is_set() else "timeout"
             result = throughput_result("scale", name, params, sink, started, status)
             result.rate = None
@@ -303,8 +295,8 @@ class Scale:
         params = {"messages": count, "over_s": over, "queues": len(queues)}
         await self.declare(queues)
         for q in queues:
-            body = {"exchange": EXCHANGE, "queue": q, "routing_key": q}
-            await self.mx.call("POST", "/bindings", body)
+            binding = {"exchange": EXCHANGE, "queue": q, "routing_key": q}
+            await self.mx.call("POST", "/bindings", binding)
         sockets = await self.open_subscribers(queues, 10, 100)
         lateness: list[int] = []
         due_ns: dict[int, int] = {}
@@ -321,7 +313,7 @@ class Scale:
                 base = time.time_ns() + int(lead * 1e9)
                 for batch in chunks(range(count), 100):
                     now = time.time_ns()
-                    items = []
+                    items: list[bytes] = []
                     for seq in batch:
                         due = base + int(seq * over * 1e9 / count)
                         due_ns[seq] = due
@@ -358,7 +350,7 @@ class Scale:
             return result
         finally:
             await cancel_all(tasks)
-            await bounded([lambda ws=ws: ws.close() for ws in sockets], SETUP_CONCURRENCY)
+            await bounded(sockets, WsClient.close)
             await self.delete(queues)
 
     # -- many busy queues ------------------------------------------------------------------
@@ -370,8 +362,8 @@ class Scale:
         params = {"queues": n_queues, "messages": count, "prefetch": 100, "publish": "batch"}
         await self.declare(queues)
         for q in queues:
-            body = {"exchange": EXCHANGE, "queue": q, "routing_key": q}
-            await self.mx.call("POST", "/bindings", body)
+            binding = {"exchange": EXCHANGE, "queue": q, "routing_key": q}
+            await self.mx.call("POST", "/bindings", binding)
         sockets = await self.open_subscribers(queues, n_queues, 100)
         sink = Sink(count)
         tasks = [asyncio.create_task(self.mx.ws_consumer(ws, sink, 50)) for ws in sockets]
@@ -390,7 +382,7 @@ class Scale:
             return result
         finally:
             await cancel_all(tasks)
-            await bounded([lambda ws=ws: ws.close() for ws in sockets], SETUP_CONCURRENCY)
+            await bounded(sockets, WsClient.close)
             await self.delete(queues)
 
     async def _publish_spread(self, queues: Sequence[str], seqs: range) -> None:
@@ -415,6 +407,7 @@ def _sum(a: float | None, b: float | None) -> float | None:
 
 async def _consume(ws: WsClient, sink: Sink, seen: Callable[[int, int], None]) -> None:
     """Receive deliveries, record each, ack each (one ACK per read's worth, as WsClient)."""
+
     def on_text(raw: bytes) -> None:
         received = now_ns()
         frame = orjson.loads(raw)
@@ -449,7 +442,8 @@ async def run(run: Run) -> None:
     """The idle-subscription, delayed and busy-queue scenarios of the ``scale`` group, on a
     broker of their own (the same database) that allows 10,000 connections of one user."""
     raise_open_files_limit()
-    assert run.pg is not None and run.broker is not None
+    assert run.pg is not None
+    assert run.broker is not None
     broker = BrokerProcess(
         run.pg.url,
         user=run.broker.user,

@@ -73,7 +73,7 @@ def subscribe_all(ws: WsClient, queues: list[str]) -> None:
 def test_every_idle_subscriber_of_500_queues_gets_a_publish_from_either_process(
     servers: tuple[LiveServer, LiveServer, httpx.Client, httpx.Client],
 ) -> None:
-    a, b, rest_a, rest_b = servers
+    a, _, rest_a, rest_b = servers
     queues = names(500)
     for q in queues:
         declare_queue(rest_a, q)
