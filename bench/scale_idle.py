@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import httpx
 import orjson
 import psutil  # type: ignore[import-untyped]
 
@@ -116,8 +117,14 @@ class Scale:
 
     async def declare(self, names: Sequence[str]) -> None:
         since = time.monotonic()
-        await bounded(names, lambda n: self.mx.call("PUT", f"/queues/{n}", {}))
+        await bounded(names, self._declare_one)
         self.step(f"declared {len(names)} queues", since)
+
+    async def _declare_one(self, name: str) -> None:
+        try:
+            await self.mx.call("PUT", f"/queues/{name}", {})
+        except httpx.HTTPError:  # a keep-alive connection the server closed as it was reused
+            await self.mx.call("PUT", f"/queues/{name}", {})
 
     async def delete(self, names: Sequence[str]) -> None:
         await bounded(names, self.mx.delete_queue)

@@ -57,12 +57,6 @@ def names(n: int) -> list[str]:
     return [f"idle{tag}-{i}" for i in range(n)]
 
 
-def queue_id(rest: httpx.Client, name: str) -> int:
-    r = rest.get(f"/queues/{name}")
-    assert r.status_code == 200, r.text
-    return int(r.json()["id"])
-
-
 def subscribe_all(ws: WsClient, queues: list[str]) -> None:
     for q in queues:
         ws.send_json({"type": "SUBSCRIBE", "queue": q, "prefetch": 1})
@@ -103,7 +97,6 @@ def test_a_row_no_notify_announced_is_delivered_within_the_poll(
     for q in queues:
         declare_queue(rest_a, q)
     target = queues[-1]
-    qid = queue_id(rest_a, target)
     with ExitStack() as stack:
         sockets = [stack.enter_context(WsClient.admin(a.ws_url)) for _ in range(2 if many else 1)]
         for i, ws in enumerate(sockets):
@@ -113,7 +106,8 @@ def test_a_row_no_notify_announced_is_delivered_within_the_poll(
         admin_sql(
             database,
             "INSERT INTO messages (queue_id, message_id, exchange, routing_key, body) "
-            f"VALUES ({qid}, 'lost-{qid}', '', '{target}', convert_to('\"unannounced\"', 'UTF8'))",
+            f"SELECT id, 'lost', '', name, convert_to('\"unannounced\"', 'UTF8') "
+            f"FROM queues WHERE name = '{target}'",
         )
         delivery = sockets[-1].delivery(timeout=5)
         waited = time.monotonic() - started
