@@ -18,8 +18,12 @@ log = logging.getLogger("messagex")
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from app.main import create_app
+    from app.runtime import raise_open_files_limit
     from app.server import build_server, run_workers
 
+    limit = raise_open_files_limit()
+    if limit < 16384:
+        log.warning("open files limited to %d: at most that many WebSockets", limit)
     overrides = {}
     if args.no_migrate:
         overrides["migrate_on_start"] = False

@@ -37,6 +37,21 @@ Worker = Callable[[Settings, socket.socket, str, int], None]
 # -- the database -----------------------------------------------------------------------------
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one (every WebSocket is a file: 10,000
+    browser tabs need more than the usual soft limit of 1,024). Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+        soft = hard
+    return soft
+
+
 def _start(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     if settings.database_url is not None:
         log.info("using PostgreSQL at %s", redacted(settings.database_url))

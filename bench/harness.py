@@ -23,7 +23,7 @@ from typing import Any
 
 from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
-from bench import backlog, ceiling, groupcommit, mx, rabbit, report, scale
+from bench import backlog, ceiling, groupcommit, mx, rabbit, report, scale, scale_idle
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -374,8 +374,9 @@ class Run:
         await self.scenario("backlog", "backlog", backlog.run(settings))
 
     async def run_scale(self) -> None:
-        """Issue 19's targets 3 and 5: bindings (MessageX beside RabbitMQ), then many
-        queues: declared, listed, and under a million messages in the overview."""
+        """Issue 19: bindings (MessageX beside RabbitMQ), many queues (declared, listed, and
+        under a million messages in the overview), then idle subscriptions, delayed
+        messages and many busy queues (bench/scale_idle.py)."""
         assert self.pg is not None
         assert self.client is not None
         c = self.cfg
@@ -418,6 +419,7 @@ class Run:
         messages, queues = c.overview
         work = bounded(scale.overview(settings, messages, queues))
         await self.scenario("scale", f"mx overview messages={messages} queues={queues}", work)
+        await scale_idle.run(self)
 
     # -- the whole run ----------------------------------------------------------------------
 

@@ -90,6 +90,18 @@ class ConsumerRegistry:
     def has_queue(self, queue_id: int) -> bool:
         return bool(self._by_queue.get(queue_id))
 
+    def has_credit(self, queue_id: int) -> bool:
+        """Some subscriber of the queue has prefetch room."""
+        return any(s.credit > 0 for s in self._by_queue.get(queue_id, ()))
+
+    def holding_connections(self) -> list[str]:
+        """Connections with unsettled deliveries on some subscription."""
+        return [
+            conn_id
+            for conn_id, subs in self._by_connection.items()
+            if any(sub.unsettled for sub in subs.values())
+        ]
+
     def queue_ids(self) -> list[int]:
         return list(self._by_queue)
 

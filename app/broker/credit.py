@@ -105,7 +105,9 @@ class Credit:
             self.hub.credit([queue_id])
 
     async def reconcile_all(self) -> None:
-        owners = [o for o in self.registry.connection_ids() if self.registry.of_connection(o)]
+        """The periodic round: only connections holding unsettled deliveries have slots to
+        get back, so idle subscribers cost nothing here."""
+        owners = self.registry.holding_connections()
         if owners:
             await self.reconcile(owners)
 

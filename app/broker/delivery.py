@@ -82,6 +82,7 @@ class DeliveryEngine:
     async def start(self) -> None:
         await self.presence.register()
         self.cluster.start(self.tasks)
+        self.dispatcher.start()
         spawn = self.tasks.spawn
         spawn(every(HEARTBEAT_SECONDS, self.presence.beat, "heartbeat"), name="heartbeat")
         interval = self.settings.ack_timeout_check_interval_ms / 1000

@@ -1,13 +1,18 @@
 """Claim up to each subscriber's credit, in one statement per queue, and push.
 
-One worker task per queue that has local subscribers. It sleeps on the queue's wake-up
-(publish, ack, release, NOTIFY from another process), on the next delayed message's due time
-(measured on the database clock), or on a slow poll that covers a lost wake-up.
+A queue has a claim task only while it has work: a wake-up (publish, ACK, release, NOTIFY from
+another process) starts one, and it ends once credit or due messages run out. An idle queue
+costs no task and no statement. What a lost wake-up would leave waiting, one poll per process
+finds (``_poll``, every ``poll_interval``): one statement lists the queues with ready messages
+(``storage.deliveries.ready_queues``), the due ones among this process's are woken, and the
+ones whose first delayed message falls due before the next poll go on the process's one timer
+(``_timer``), which wakes each at its due time (measured on the database clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +30,9 @@ log = logging.getLogger("messagex.dispatch")
 
 #: at most this many rows per claim statement
 MAX_CLAIM = 1000
+#: a process with at most this many subscribed queues polls them one by one (one index probe
+#: each) rather than listing every queue with ready messages
+PROBE_MAX = 100
 
 
 class Dispatcher:
@@ -47,7 +55,22 @@ class Dispatcher:
         self.process_id = process_id
         self.poll_interval = poll_interval
         self._workers: dict[int, asyncio.Task[None]] = {}
+        #: queues woken while their task was claiming: it claims again before it ends
+        self._again: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
+        #: the timer: (loop time, queue id) in a heap, and each queue's earliest entry
+        self._due: list[tuple[float, int]] = []
+        self._due_at: dict[int, float] = {}
+        self._timer_changed = asyncio.Event()
+        self._poll_now = asyncio.Event()
+        #: rows of the last full poll (queues with ready messages anywhere), and polls since
+        self._ready_seen = 0
+        self._since_full = 0
+        hub.on_wake_all = self._poll_now.set
+
+    def start(self) -> None:
+        self.tasks.spawn(self._poll(), name="dispatch-poll")
+        self.tasks.spawn(self._timer(), name="dispatch-timer")
 
     def lock(self, queue_id: int) -> asyncio.Lock:
         """Held while claiming and handing out for a queue, and while its subscriptions change,
@@ -57,33 +80,126 @@ class Dispatcher:
             lock = self._locks[queue_id] = asyncio.Lock()
         return lock
 
-    def ensure_worker(self, queue_id: int) -> None:
-        task = self._workers.get(queue_id)
-        if task is None or task.done():
+    def watch(self, queue_id: int) -> None:
+        """The queue has (or may now have) local subscribers: claim when it is woken."""
+        if not self.hub.is_watched(queue_id):
+            self.hub.watch(queue_id, self.poke)
+
+    def forget(self, queue_id: int) -> None:
+        """The queue may have lost its last local subscriber."""
+        if self.registry.has_queue(queue_id):
+            return
+        self.hub.unwatch(queue_id)
+        lock = self._locks.get(queue_id)
+        if lock is not None and not lock.locked() and queue_id not in self._workers:
+            del self._locks[queue_id]
+
+    def poke(self, queue_id: int) -> None:
+        """Messages may be due in the queue, or a subscriber got credit: claim, unless its
+        subscribers have no room (an ACK brings them back here)."""
+        if queue_id in self._workers:
+            self._again.add(queue_id)
+        elif self.registry.has_credit(queue_id):
             self._workers[queue_id] = self.tasks.spawn(
                 self._run(queue_id), name=f"dispatch-{queue_id}"
             )
 
     async def _run(self, queue_id: int) -> None:
         try:
-            with self.hub.register(queue_id) as event:
-                while self.registry.has_queue(queue_id):
-                    event.clear()
-                    try:
-                        due = await self._dispatch(queue_id)
-                    except Unavailable:
-                        due = self.poll_interval
-                    except Exception:
-                        log.exception("dispatch for queue %s failed", queue_id)
-                        due = self.poll_interval
-                    wait = self.poll_interval if due is None else min(due, self.poll_interval)
-                    if wait > 0:
-                        await wait_event(event, wait)
+            while self.registry.has_queue(queue_id):
+                self._again.discard(queue_id)
+                try:
+                    due = await self._dispatch(queue_id)
+                except Unavailable:
+                    due = None  # the poll tries again
+                except Exception:
+                    log.exception("dispatch for queue %s failed", queue_id)
+                    due = None
+                if queue_id in self._again:
+                    continue
+                if due is None:
+                    break
+                if due > 0:
+                    self._wake_at(queue_id, due)
+                    break
+                # due now but not claimed: rows locked by another claimer; go again
         finally:
             if self._workers.get(queue_id) is asyncio.current_task():
                 del self._workers[queue_id]
+                self._again.discard(queue_id)
                 if not self.registry.has_queue(queue_id):
-                    self._locks.pop(queue_id, None)
+                    self.forget(queue_id)
+
+    # -- the poll and the timer: what no wake-up announced -------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            await wait_event(self._poll_now, self.poll_interval)
+            self._poll_now.clear()
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Unavailable:
+                pass
+            except Exception:
+                log.exception("dispatch poll failed")
+
+    async def poll_once(self) -> None:
+        """Wake this process's queues that have due messages; put the ones due before the next
+        poll on the timer. One statement, whatever the number of subscribed queues."""
+        mine = self.hub.watched()
+        if not mine:
+            return
+        # Listing every queue with ready messages costs a probe per such queue, anywhere;
+        # probing ours costs one per queue of ours. Few queues of ours, or (seen by the last
+        # full listing) many more busy queues elsewhere: probe ours, and list again now and then.
+        probe = len(mine) <= PROBE_MAX or (
+            self._ready_seen > 2 * len(mine) and self._since_full < 30
+        )
+        if probe:
+            self._since_full += 1
+            rows = await deliveries.ready_queues(self.db.hot, mine)
+        else:
+            rows = await deliveries.ready_queues(self.db.hot)
+            self._ready_seen = len(rows)
+            self._since_full = 0
+        due_now: list[int] = []
+        for queue_id, seconds in rows:
+            if not self.hub.is_watched(queue_id):
+                continue
+            if seconds <= 0:
+                due_now.append(queue_id)
+            elif seconds < self.poll_interval:
+                self._wake_at(queue_id, seconds)
+        if due_now:
+            self.hub.wake(due_now)
+
+    def _wake_at(self, queue_id: int, seconds: float) -> None:
+        when = asyncio.get_running_loop().time() + seconds
+        current = self._due_at.get(queue_id)
+        if current is not None and current <= when:
+            return  # woken before then anyway; that claim looks again
+        self._due_at[queue_id] = when
+        heapq.heappush(self._due, (when, queue_id))
+        if self._due[0] == (when, queue_id):
+            self._timer_changed.set()
+
+    async def _timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._timer_changed.clear()
+            now = loop.time()
+            fire: list[int] = []
+            while self._due and self._due[0][0] <= now:
+                when, queue_id = heapq.heappop(self._due)
+                if self._due_at.get(queue_id) == when:
+                    del self._due_at[queue_id]
+                    fire.append(queue_id)
+            if fire:
+                self.hub.wake(fire)
+            wait = self._due[0][0] - now if self._due else 3600.0
+            await wait_event(self._timer_changed, wait)
 
     async def _dispatch(self, queue_id: int) -> float | None:
         """Hand out until credit or ready messages run out.

@@ -70,6 +70,7 @@ class Subscriptions:
             for sub in self.registry.of_connection(outlet.id):
                 async with self.dispatcher.lock(sub.queue_id):
                     self.registry.remove(sub)
+                self.dispatcher.forget(sub.queue_id)
             self.registry.remove_outlet(outlet.id)
             self.metrics.connections.set(len(self.registry.outlets))
             self.metrics.subscriptions.set(self.registry.subscription_count())
@@ -101,6 +102,7 @@ class Subscriptions:
                 # Under the dispatch lock: no claim for this subscriber commits after release.
                 async with self.dispatcher.lock(sub.queue_id):
                     self.registry.remove(sub)
+                self.dispatcher.forget(sub.queue_id)
         return owners
 
     # -- subscriptions ----------------------------------------------------------------------
@@ -134,7 +136,7 @@ class Subscriptions:
 
     def activate(self, sub: Subscription) -> None:
         sub.active = True
-        self.dispatcher.ensure_worker(sub.queue_id)
+        self.dispatcher.watch(sub.queue_id)
         self.hub.wake([sub.queue_id])
 
     async def unsubscribe(self, outlet: Outlet, queue: str) -> None:
@@ -150,6 +152,7 @@ class Subscriptions:
         owned by its connection."""
         async with self.dispatcher.lock(sub.queue_id):
             self.registry.remove(sub)
+        self.dispatcher.forget(sub.queue_id)
         self.metrics.subscriptions.set(self.registry.subscription_count())
         try:
             async with self.db.transaction() as conn:
@@ -164,6 +167,7 @@ class Subscriptions:
                 if sub.queue_name == queue:
                     async with self.dispatcher.lock(queue_id):
                         self.registry.remove(sub)
+                    self.dispatcher.forget(queue_id)
                     sub.outlet.cancel(queue, "queue_deleted")
         self.metrics.subscriptions.set(self.registry.subscription_count())
 

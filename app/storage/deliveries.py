@@ -59,6 +59,18 @@ async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
     return None if value is None else float(value)
 
 
+async def ready_queues(
+    hot: HotPath, queue_ids: Sequence[int] | None = None
+) -> list[tuple[int, float]]:
+    """(queue id, seconds until its first ready message is due; <= 0 when one is) for every
+    queue with ready messages — or, given ``queue_ids``, for those of them that have some."""
+    if queue_ids is None:
+        rows = await hot.fetch(queries.READY_QUEUES, {})
+    else:
+        rows = await hot.fetch(queries.READY_QUEUES_OF, {"queue_ids": list(queue_ids)})
+    return [(int(r[0]), float(r[1])) for r in rows]
+
+
 # -- acknowledge ----------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ publish                     LOAD_ROUTES, FIND_QUEUES, INSERT_COPIES, INSERT_COPI
                             (storage.messages)
 publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
 claim                       CLAIM, NEXT_DUE (storage.deliveries)
+poll                        READY_QUEUES, READY_QUEUES_OF (storage.deliveries)
 acknowledge                 ACK_MANY, ACK_PULL_MANY (storage.deliveries)
 authenticate                LOOKUP_PASSWORD_USER, LOOKUP_SESSION (storage.accounts)
 ==========================  ==================================================================
@@ -245,6 +246,40 @@ NEXT_DUE = Statement(
     text("""
 SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
 FROM messages WHERE queue_id = :queue_id AND status = 'ready'
+""")
+)
+
+
+# The dispatcher's poll (once a second per process, whatever the number of subscriptions):
+# every queue that has ready rows, with the seconds from now() to its first one (<= 0: due).
+# A loose index scan of ix_messages_claim: one probe per queue that has ready rows, however
+# many rows wait in it, and one probe in all when nothing waits anywhere — so an idle
+# broker's poll costs nothing per subscription. The caller keeps the queues it subscribes.
+READY_QUEUES = Statement(
+    text("""
+WITH RECURSIVE ready(queue_id, available_at) AS (
+    (SELECT queue_id, available_at FROM messages WHERE status = 'ready'
+     ORDER BY queue_id, available_at LIMIT 1)
+    UNION ALL
+    SELECT n.queue_id, n.available_at
+    FROM ready AS r
+    CROSS JOIN LATERAL (SELECT queue_id, available_at FROM messages
+                        WHERE status = 'ready' AND queue_id > r.queue_id
+                        ORDER BY queue_id, available_at LIMIT 1) AS n
+)
+SELECT queue_id, EXTRACT(EPOCH FROM (available_at - now()))::float8 FROM ready
+""")
+)
+
+# The same for the given queues only: one probe of ix_messages_claim per queue. Cheaper than
+# READY_QUEUES when a process subscribes to few queues and many others hold messages.
+READY_QUEUES_OF = Statement(
+    text("""
+SELECT q.id, EXTRACT(EPOCH FROM (d.available_at - now()))::float8
+FROM unnest(CAST(:queue_ids AS bigint[])) AS q(id)
+CROSS JOIN LATERAL (SELECT available_at FROM messages
+                    WHERE queue_id = q.id AND status = 'ready'
+                    ORDER BY available_at LIMIT 1) AS d
 """)
 )
 

@@ -22,6 +22,7 @@ from tests.support import (
     ADMIN_USER,
     LiveServer,
     PgCluster,
+    admin_sql,
     client,
     login,
     running_server,
@@ -329,3 +330,110 @@ def test_a_crashed_process_is_reaped_and_its_deliveries_released(pair: Pair, dat
         assert d["delivery_count"] == 2
     assert _sql(database, "SELECT 1 FROM broker_processes WHERE id = $1", ghost) == []
     assert _sql(database, "SELECT 1 FROM subscriptions WHERE process_id = $1", ghost) == []
+
+
+# -- idle subscriptions (issue 19) ----------------------------------------------------------
+# Idle subscriptions cost no task and no statement of their own, and still get everything: a
+# publish to any of many idle queues, a row no NOTIFY announced (within the 1 s poll), and
+# delayed messages at their due time, across the two processes.
+
+
+def dispatcher(server: LiveServer) -> Any:
+    app: Any = server.server.config.app
+    return app.state.services.delivery.dispatcher
+
+
+def idle_names(n: int) -> list[str]:
+    tag = uuid.uuid4().hex[:6]
+    return [f"idle{tag}-{i}" for i in range(n)]
+
+
+def subscribe_all(ws: WsClient, queues: list[str]) -> None:
+    for q in queues:
+        ws.send_json({"type": "SUBSCRIBE", "queue": q, "prefetch": 1})
+    for _ in queues:
+        assert ws.recv_json()["type"] == "SUBSCRIBED"
+
+
+def test_every_idle_subscriber_of_500_queues_gets_a_publish_from_either_process(
+    pair: Pair,
+) -> None:
+    a, rest_a, rest_b = pair.a, pair.rest_a, pair.rest_b
+    queues = idle_names(500)
+    for q in queues:
+        declare_queue(rest_a, q)
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(WsClient.admin(a.ws_url)) for _ in range(5)]
+        for i, ws in enumerate(sockets):
+            subscribe_all(ws, queues[i * 100 : (i + 1) * 100])
+        # Idle: no claim task per subscribed queue.
+        wait_for(lambda: not dispatcher(a)._workers, 5, message="no dispatch task while idle")
+        for i, q in enumerate(queues):
+            publish(rest_b if i % 2 else rest_a, q, {"n": i})  # B: through NOTIFY
+        for i, ws in enumerate(sockets):
+            got = sorted(d["body"]["n"] for d in ws.deliveries_n(100, timeout=15))
+            assert got == list(range(i * 100, (i + 1) * 100))
+        wait_for(lambda: not dispatcher(a)._workers, 5, message="the tasks to end")
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["probe", "scan"])
+def test_a_row_no_notify_announced_is_delivered_within_the_poll(
+    pair: Pair, database: str, many: bool
+) -> None:
+    """A row inserted by SQL, with no NOTIFY (a lost wake-up), is found by the 1 s poll: for a
+    process subscribed to few queues (one probe each) and to more than PROBE_MAX (a listing of
+    the queues with ready rows)."""
+    a, rest_a = pair.a, pair.rest_a
+    queues = idle_names(150 if many else 1)
+    for q in queues:
+        declare_queue(rest_a, q)
+    target = queues[-1]
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(WsClient.admin(a.ws_url)) for _ in range(2 if many else 1)]
+        for i, ws in enumerate(sockets):
+            subscribe_all(ws, queues[i * 100 : (i + 1) * 100])
+        wait_for(lambda: not dispatcher(a)._workers, 5, message="no dispatch task while idle")
+        started = time.monotonic()
+        admin_sql(
+            database,
+            "INSERT INTO messages (queue_id, message_id, exchange, routing_key, body) "
+            f"SELECT id, 'lost', '', name, convert_to('\"unannounced\"', 'UTF8') "
+            f"FROM queues WHERE name = '{target}'",
+        )
+        delivery = sockets[-1].delivery(timeout=5)
+        waited = time.monotonic() - started
+        assert delivery["body"] == "unannounced"
+        assert delivery["queue"] == target
+        assert waited < 2.5  # the poll bound (1 s), with room for a loaded machine
+
+
+def test_delayed_messages_arrive_at_their_due_time_on_the_other_process(
+    pair: Pair,
+) -> None:
+    """Published on B with delays, to queues subscribed on A: none early, none long after its
+    due time (the per-process timer, not the 1 s poll, wakes them)."""
+    a, rest_a, rest_b = pair.a, pair.rest_a, pair.rest_b
+    queues = idle_names(20)
+    for q in queues:
+        declare_queue(rest_a, q)
+    with WsClient.admin(a.ws_url) as ws:
+        subscribe_all(ws, queues)
+        due: dict[int, float] = {}
+        for i, q in enumerate(queues):
+            delay_ms = 800 + 60 * i  # falling due one after the other, 60 ms apart
+            due[i] = time.monotonic() + delay_ms / 1000
+            publish(rest_b, q, {"n": i}, delay_ms=delay_ms)
+        late: list[float] = []
+        for _ in queues:
+            d = ws.delivery(timeout=5)
+            arrived = time.monotonic()
+            n = d["body"]["n"]
+            # due[n] was taken before the publish, so the true due time is later still
+            assert arrived >= due[n] - 0.005, f"message {n} early by {due[n] - arrived:.3f} s"
+            late.append(arrived - due[n])
+            ws.ack(d["delivery_tag"])
+        late.sort()
+        # Contract §10: within 100 ms of the due time; the median holds it on a loaded CI
+        # machine, the worst case gets slack (still far below the 1 s poll).
+        assert late[len(late) // 2] < 0.1, late
+        assert late[-1] < 0.6, late

@@ -6,6 +6,8 @@ PostgreSQL may switch to after five), with statistics taken by ANALYZE:
 
 - the claim walks ``ix_messages_claim`` (never a sequential scan or a sort of the queue),
   with the backlog in the claimed queue and in another one;
+- the dispatcher's poll (which queues have ready rows) is a loose index scan of
+  ``ix_messages_claim``, one probe per queue, never a walk of a queue's backlog;
 - a batched ACK finds its rows by primary key even when many deliveries are in flight (it
   used to walk the partial in-flight index, a cost that grew with the deliveries in flight);
 - the publish's route read does not read the bindings of an exchange whose compiled copy
@@ -132,6 +134,26 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_the_poll_probes_each_queue_once(conn: asyncpg.Connection, mode: str) -> None:
+    """READY_QUEUES (every queue with ready rows) and READY_QUEUES_OF (given queues): every
+    read of messages walks ix_messages_claim under a Limit (one row per queue, whatever its
+    backlog), and the answers are each queue's first ready row."""
+    ids = [r[0] for r in await conn.fetch("SELECT id FROM queues ORDER BY id")]
+    for statement, params in (
+        (queries.READY_QUEUES, {}),
+        (queries.READY_QUEUES_OF, {"queue_ids": ids}),
+    ):
+        nodes = await _plan(conn, statement, params, mode)
+        scans = _scans(nodes)
+        assert scans, nodes
+        assert all(n.get("Index Name") == "ix_messages_claim" for n in scans), scans
+        assert _limited(nodes[0]), nodes
+        rows = await conn.fetch(statement.sql, *statement.args(params))
+        assert sorted(r[0] for r in rows) == ids
+        assert all(r[1] <= 0 for r in rows)  # their first ready rows are due
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_batched_acks_find_their_rows_by_primary_key(
     conn: asyncpg.Connection, mode: str
 ) -> None:
@@ -203,6 +225,7 @@ _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
         },
     ),
     "next due": (queries.NEXT_DUE, lambda q: {"queue_id": q}),
+    "poll of queues": (queries.READY_QUEUES_OF, lambda q: {"queue_ids": [q]}),
     "ack": (
         queries.ACK_MANY,
         lambda q: {"ids": [1, 2], "tags": ["1.a", "2.b"], "owners": [_OWNER] * 2},
