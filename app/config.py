@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     admin_password: str | None = None
     max_message_bytes: Annotated[int, Field(ge=1)] = MiB
     max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
+    #: a message's headers and properties together, as compact JSON (contract §1)
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     session_ttl_seconds: Annotated[int, Field(ge=1)] = 86400
     allowed_origins: str = ""
     #: Host header names (any port) requests may carry, comma-separated, or "*"; "" = only
