@@ -992,12 +992,14 @@ def test_fifty_bad_frames_are_tolerated_the_fifty_first_closes_1008(url: str) ->
 
 
 def test_bad_frames_before_auth_count_too(url: str) -> None:
+    """Before AUTH the frame limit (10 answered, the 11th closes) comes before the flood
+    limit of 50 bad frames."""
     with WsClient.open(url) as ws:
         for _ in range(51):
             ws.send_raw("{")
         code, frames = ws.expect_close()
         assert code == 1008
-        assert len(frames) == 51
+        assert [f["code"] for f in frames] == ["bad_frame"] * 10
 
 
 # -- Origin -----------------------------------------------------------------------------

@@ -39,6 +39,9 @@ from app.errors import BadFrame, BrokerError
 log = logging.getLogger("messagex.ws")
 
 AUTH_DEADLINE_SECONDS = 10.0
+#: before authentication the server answers at most this many frames; the next one closes
+#: the connection with 1008 (contract §8: a stranger cannot make the broker hold more)
+BEFORE_AUTH_FRAME_LIMIT = 10
 #: a send that takes longer than this means the client stopped reading: close it
 SEND_TIMEOUT_SECONDS = 30.0
 #: more bad frames than this within the window close the connection with 1008
@@ -50,6 +53,10 @@ OUTBOX_SOFT_LIMIT = 256
 MAX_INFLIGHT_OPS = 1024
 #: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
 OPS_GRACE_SECONDS = 5.0
+#: a frame shorter than this that has to wait in the outbox is copied to an exact-size bytes
+#: object first: orjson's output of a few dozen bytes pins about 4 KiB (and up to twice its
+#: length below this size), which a queue of waiting frames would multiply
+EXACT_COPY_BELOW = 128 * 1024
 
 
 class _Close:
@@ -60,15 +67,25 @@ class _Close:
 
 class Outbox:
     """FIFO of encoded frames. Deliveries are bounded by prefetch credit; replies by the
-    reader waiting for room before it reads another frame."""
+    reader waiting for room before it reads another frame.
+
+    A frame pushed while the sender waits on the socket (not for the outbox) will wait too:
+    a small one is copied to exact size first (``EXACT_COPY_BELOW``). The common case — the
+    sender idle in ``take``, which hands frames over in this turn of the event loop — copies
+    nothing.
+    """
 
     def __init__(self) -> None:
         self._items: deque[bytes | _Close] = deque()
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        #: the sender is sending (waiting on the socket): what is pushed now waits
+        self._sending = False
 
     def push(self, item: bytes | _Close) -> None:
+        if self._sending and type(item) is bytes and len(item) < EXACT_COPY_BELOW:
+            item = b"".join((item, b""))  # a new object of exactly len(item) bytes
         self._items.append(item)
         self._ready.set()
         if len(self._items) > OUTBOX_SOFT_LIMIT:
@@ -78,7 +95,9 @@ class Outbox:
         await self._room.wait()
 
     async def take(self) -> list[bytes | _Close]:
+        self._sending = False
         await self._ready.wait()
+        self._sending = True
         items = list(self._items)
         self._items.clear()
         self._ready.clear()
@@ -174,6 +193,12 @@ class WsConnection:
         self.send(error_frame(exc, frame_id, **fields))
 
     async def _sender(self) -> None:
+        try:
+            await self._send_loop()
+        except asyncio.CancelledError:
+            return  # run() ends the sender by cancelling it: see _reader
+
+    async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
         send_many = self._send_many()
         while True:
@@ -244,6 +269,9 @@ class WsConnection:
                     await self.engine.disconnect(self)
                 except BrokerError:
                     log.warning("release on disconnect failed; ack timeouts will release")
+            # The ACK batcher holds this connection's bound methods: let it go, so that the
+            # connection is freed by reference counting once its handler returns.
+            self.acks.detach()
 
     async def _reader(self) -> None:
         try:
@@ -268,6 +296,12 @@ class WsConnection:
             self.close(4401, "authentication timed out")
         except WebSocketDisconnect:
             return
+        except asyncio.CancelledError:
+            # run() ends the reader and the sender by cancelling them, and waits for them.
+            # Returning instead of raising leaves no CancelledError on the task: its
+            # traceback holds this frame (so this connection) and the timeout's reference to
+            # the task, a cycle only the cyclic collector would free.
+            return
 
     def is_open(self) -> bool:
         return self.state is State.OPEN
@@ -278,10 +312,15 @@ class WsConnection:
             self.engine.connect(self, self.digest)
 
     async def _authenticate(self) -> None:
+        answered = 0
         while self.state is State.AUTHENTICATING:
             data = await self.inbound.next()
             if data is None:
                 return
+            if answered >= BEFORE_AUTH_FRAME_LIMIT:
+                self.close(1008, "too many frames before authentication")
+                return
+            answered += 1
             try:
                 frame, frame_id = frames.parse(data)
             except BadFrame as exc:
