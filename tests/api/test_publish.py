@@ -605,7 +605,8 @@ def test_headers_and_properties_over_the_limit_are_413_and_store_nothing(
         assert_problem(r, 413, "message_too_large")
         with WsClient.admin(live.ws_url) as ws:
             reply = ws.request({"type": "PUBLISH", "queue": "h1", **message(exact + 1)})
-            assert reply["type"] == "ERROR" and reply["code"] == "message_too_large", reply
+            assert reply["type"] == "ERROR", reply
+            assert reply["code"] == "message_too_large", reply
             reply = ws.request({"type": "PUBLISH", "queue": "h1", **message(exact)})
             assert reply["type"] == "PUBLISHED", reply
         assert count(live) == 2  # the two at the limit, nothing else

@@ -25,7 +25,7 @@ def test_the_eleventh_frame_before_auth_closes_1008(server: LiveServer) -> None:
     with WsClient.open(server.ws_url) as ws:
         for i in range(5):
             ws.send_json({"type": "PING", "id": i})
-        for i in range(5, 10):
+        for _ in range(5, 10):
             ws.send_raw("not json")
         ws.send_json({"type": "PING", "id": 10})
         code, frames = ws.expect_close(5)
@@ -39,7 +39,7 @@ def test_the_eleventh_frame_before_auth_closes_1008(server: LiveServer) -> None:
         for i in range(9):
             assert ws.expect("PONG")["id"] == i
         ws.expect("CONNECTED")
-        for i in range(20):
+        for _ in range(20):
             assert ws.request({"type": "PING"})["type"] == "PONG"
 
 
