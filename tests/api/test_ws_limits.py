@@ -13,7 +13,8 @@ import pytest
 
 from app.api.ws import connection as ws_connection
 from app.api.ws.connection import WsConnection
-from tests.support import LiveServer, wait_for
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, client, running_server, wait_for
+from tests.support import test_settings as settings_for
 from tests.wsclient import WsClient, declare_queue, publish
 
 # -- before authentication --------------------------------------------------------------------
@@ -110,3 +111,35 @@ def test_replies_that_wait_are_copied_to_their_exact_size() -> None:
         return taken[0] is first, waiting is not second and waiting == second
 
     assert asyncio.run(scenario()) == (True, True)
+
+
+# -- after authentication -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_subscriptions(database_url: str) -> Iterator[LiveServer]:
+    with running_server(settings_for(database_url, max_subscriptions_per_connection=3)) as live:
+        yield live
+
+
+def test_subscriptions_per_connection_are_limited(three_subscriptions: LiveServer) -> None:
+    """Contract §8: at most MESSAGEX_MAX_SUBSCRIPTIONS_PER_CONNECTION (3 here); the next
+    SUBSCRIBE is ERROR limit_exceeded and changes nothing; an UNSUBSCRIBE frees a place."""
+    live = three_subscriptions
+    with client(live.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        for n in range(5):
+            declare_queue(admin, f"s{n}")
+        with WsClient.admin(live.ws_url) as ws, WsClient.admin(live.ws_url) as other:
+            for n in range(3):
+                ws.subscribe(f"s{n}")
+            reply = ws.request({"type": "SUBSCRIBE", "queue": "s3"})
+            assert reply["type"] == "ERROR", reply
+            assert reply["code"] == "limit_exceeded", reply
+            other.subscribe("s3")  # the limit is per connection
+            publish(admin, "s3", "for other")
+            assert other.delivery()["body"] == "for other"
+            assert ws.quiet(0.2) == []
+            assert ws.request({"type": "UNSUBSCRIBE", "queue": "s0"})["type"] == "UNSUBSCRIBED"
+            ws.subscribe("s4")
+            stats = admin.get("/queues/s3").json()["stats"]
+            assert stats["consumers"] == 1

@@ -9,9 +9,7 @@ authentication the server answers at most 10 frames and closes on the 11th with 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import os
 import socket
 import struct
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.harness import BrokerProc, brokers
+from tests.faults.harness import BrokerProc, brokers, raw_upgrade
 from tests.support import wait_for
 
 MB = 1024 * 1024
@@ -33,28 +31,6 @@ SECONDS = 4.0
 def broker(module_db: str, module_logs: Path) -> Iterator[BrokerProc]:
     with brokers(module_db, module_logs, 1, MESSAGEX_LOG_LEVEL="warning") as (b,):
         yield b
-
-
-def raw_upgrade(port: int) -> socket.socket:
-    """A WebSocket opened by hand, without credentials; the 101 head read."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(
-        (
-            f"GET /api/v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n"
-        ).encode()
-    )
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        assert chunk, "the server closed during the upgrade"
-        head += chunk
-    assert head.startswith(b"HTTP/1.1 101"), head
-    # anything after the head is a server frame: none is sent before AUTH
-    assert head.endswith(b"\r\n\r\n"), head
-    return sock
 
 
 def ping_frames(first: int, n: int) -> bytes:

@@ -57,6 +57,10 @@ OPS_GRACE_SECONDS = 5.0
 #: object first: orjson's output of a few dozen bytes pins about 4 KiB (and up to twice its
 #: length below this size), which a queue of waiting frames would multiply
 EXACT_COPY_BELOW = 128 * 1024
+#: the sender writes at most this much at once (at least one frame): a send that waits 30 s
+#: is then a peer that read less than this in that time, and the transport's buffer stays
+#: small while the outbox holds the rest
+SEND_CHUNK_BYTES = 1024 * 1024
 
 
 class _Close:
@@ -82,10 +86,14 @@ class Outbox:
         self._room.set()
         #: the sender is sending (waiting on the socket): what is pushed now waits
         self._sending = False
+        #: the bytes of the frames queued
+        self.bytes = 0
 
     def push(self, item: bytes | _Close) -> None:
-        if self._sending and type(item) is bytes and len(item) < EXACT_COPY_BELOW:
-            item = b"".join((item, b""))  # a new object of exactly len(item) bytes
+        if type(item) is bytes:
+            if self._sending and len(item) < EXACT_COPY_BELOW:
+                item = b"".join((item, b""))  # a new object of exactly len(item) bytes
+            self.bytes += len(item)
         self._items.append(item)
         self._ready.set()
         if len(self._items) > OUTBOX_SOFT_LIMIT:
@@ -94,14 +102,32 @@ class Outbox:
     async def wait_for_room(self) -> None:
         await self._room.wait()
 
-    async def take(self) -> list[bytes | _Close]:
+    async def take(self, max_bytes: int = SEND_CHUNK_BYTES) -> list[bytes | _Close]:
+        """The frames queued, in order: all of them, or as many as fit in ``max_bytes``
+        (at least one)."""
         self._sending = False
         await self._ready.wait()
         self._sending = True
-        items = list(self._items)
-        self._items.clear()
-        self._ready.clear()
-        self._room.set()
+        queued = self._items
+        if self.bytes <= max_bytes:
+            items = list(queued)
+            queued.clear()
+            self.bytes = 0
+        else:
+            items = []
+            taken = 0
+            while queued:
+                head = queued[0]
+                size = len(head) if type(head) is bytes else 0
+                if items and taken + size > max_bytes:
+                    break
+                items.append(queued.popleft())
+                taken += size
+            self.bytes -= taken
+        if not queued:
+            self._ready.clear()
+        if len(queued) <= OUTBOX_SOFT_LIMIT:
+            self._room.set()
         return items
 
 
@@ -135,6 +161,10 @@ class Inbound:
         raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
 
+def _nothing() -> int:
+    return 0
+
+
 def _delivered_frame(queue: str, item: Delivery, raw_json: bool) -> dict[str, Any]:
     return {"type": "MESSAGE_DELIVERED", **delivery_fields(queue, item, raw_json=raw_json)}
 
@@ -149,6 +179,16 @@ class WsConnection:
         self.id = str(uuid.uuid4())
         self.user: User = user  # type: ignore[assignment]  # set before OPEN
         self.digest = digest
+        #: the password hash this connection authenticated with (None: a session token)
+        self.password_hash: str | None = None
+        #: bytes waiting to be sent (outbox and socket) past which it is handed nothing more
+        self.max_buffer = services.settings.max_connection_buffer_bytes
+        self._transport_buffered = serverext.write_buffer_size(ws.scope) or _nothing
+        #: the size of its frames, a running average; the largest possible until some are
+        #: seen, so that a first claim cannot hand it more than ``max_buffer`` bytes either
+        self._frame_size = max(services.settings.max_message_bytes, 1)
+        #: deliveries it may be handed now (``Outlet.room``), kept by ``_measure_room``
+        self.room = self.max_buffer // self._frame_size
         self.life = Lifecycle()  # AUTHENTICATING until opened()
         self.outbox = Outbox()
         self.inbound = Inbound(ws)
@@ -165,11 +205,29 @@ class WsConnection:
 
     def deliver(self, subscription: Subscription, items: Sequence[Delivery]) -> None:
         queue = subscription.queue_name
+        outbox = self.outbox
+        before = outbox.bytes
         for item in items:
             # codec.render: orjson with stored bodies spliced in, or the stdlib when headers
             # hold what orjson cannot write (an integer beyond 64 bits) — never an exception
             # here, which would strand claimed deliveries.
-            self.outbox.push(render(partial(_delivered_frame, queue, item)))
+            outbox.push(render(partial(_delivered_frame, queue, item)))
+        if items:
+            size = (outbox.bytes - before) // len(items)
+            self._frame_size = (self._frame_size + size) // 2 + 1
+        self._measure_room()
+
+    def waiting(self) -> int:
+        """Bytes waiting to be sent: the outbox's and the socket's write buffer's."""
+        return self.outbox.bytes + self._transport_buffered()
+
+    def _measure_room(self) -> int:
+        """Set ``room``: how many frames of the usual size fit under ``max_buffer``, beside
+        what waits. Returns the room it had before."""
+        had = self.room
+        free = self.max_buffer - self.waiting()
+        self.room = free // self._frame_size if free > 0 else 0
+        return had
 
     def cancel(self, queue: str, reason: str) -> None:
         self.send({"type": "SUBSCRIPTION_CANCELLED", "queue": queue, "reason": reason})
@@ -219,6 +277,8 @@ class WsConnection:
                         return
                     deadline.reschedule(loop.time() + SEND_TIMEOUT_SECONDS)
                     await send_many(frames)
+                if not self._measure_room() and self.room:
+                    self.engine.resume(self)  # it read what waited: hand it more
             except TimeoutError:
                 log.warning("closing a WebSocket that stopped reading (send timeout)")
                 self._abort()
