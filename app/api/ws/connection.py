@@ -188,7 +188,7 @@ class WsConnection:
         #: seen, so that a first claim cannot hand it more than ``max_buffer`` bytes either
         self._frame_size = max(services.settings.max_message_bytes, 1)
         #: deliveries it may be handed now (``Outlet.room``), kept by ``_measure_room``
-        self.room = self.max_buffer // self._frame_size
+        self.room = max(1, self.max_buffer // self._frame_size)
         self.life = Lifecycle()  # AUTHENTICATING until opened()
         self.outbox = Outbox()
         self.inbound = Inbound(ws)
@@ -225,8 +225,15 @@ class WsConnection:
         """Set ``room``: how many frames of the usual size fit under ``max_buffer``, beside
         what waits. Returns the room it had before."""
         had = self.room
-        free = self.max_buffer - self.waiting()
-        self.room = free // self._frame_size if free > 0 else 0
+        waiting = self.waiting()
+        if not waiting:
+            # nothing waits: at least one, however large its frames (a message may be
+            # larger than the buffer limit)
+            self.room = max(1, self.max_buffer // self._frame_size)
+        elif waiting < self.max_buffer:
+            self.room = (self.max_buffer - waiting) // self._frame_size
+        else:
+            self.room = 0
         return had
 
     def cancel(self, queue: str, reason: str) -> None:
@@ -320,18 +327,20 @@ class WsConnection:
             for task in (reader, sender):
                 task.cancel()
             await asyncio.gather(reader, sender, return_exceptions=True)
-            # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
-            # just before closing must not become a redelivery); bounded, then cancelled.
-            self.acks.flush()
-            await self.ops.drain(OPS_GRACE_SECONDS)
-            if self.state is not State.AUTHENTICATING or self.user is not None:
-                try:
-                    await self.engine.disconnect(self)
-                except BrokerError:
-                    log.warning("release on disconnect failed; ack timeouts will release")
-            # The ACK batcher holds this connection's bound methods: let it go, so that the
-            # connection is freed by reference counting once its handler returns.
-            self.acks.detach()
+            try:
+                # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
+                # just before closing must not become a redelivery); bounded, then cancelled.
+                self.acks.flush()
+                await self.ops.drain(OPS_GRACE_SECONDS)
+                if self.state is not State.AUTHENTICATING or self.user is not None:
+                    try:
+                        await self.engine.disconnect(self)
+                    except BrokerError:
+                        log.warning("release on disconnect failed; ack timeouts will release")
+            finally:
+                # The ACK batcher holds this connection's bound methods: let it go, so that
+                # the connection is freed by reference counting once its handler returns.
+                self.acks.detach()
 
     async def _reader(self) -> None:
         try:
