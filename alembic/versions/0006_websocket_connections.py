@@ -1,6 +1,6 @@
 """websocket_connections: every process's WebSocket connections, to count them per user
 
-Revision ID: 0005
+Revision ID: 0006
 Revises: 0003
 Create Date: 2026-12-04
 
@@ -11,8 +11,8 @@ together) and deleted when it closes; the rows of a process that dies go with it
 ``broker_processes`` row (ON DELETE CASCADE), as its subscriptions do. The index on
 ``username`` serves the count.
 
-(Numbered 0005 so as not to collide with the routing work's 0004; once both are merged,
-``down_revision`` is "0004".)
+(Numbered 0006 so as not to collide with main's 0004 and 0005, which this branch does not
+have yet; once merged onto them, ``down_revision`` is "0005".)
 """
 
 from collections.abc import Sequence
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0005"
+revision: str = "0006"
 down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
