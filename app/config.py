@@ -46,6 +46,15 @@ class Settings(BaseSettings):
     admin_password: str | None = None
     max_message_bytes: Annotated[int, Field(ge=1)] = MiB
     max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
+    #: a message's headers and properties together, as compact JSON (contract §1)
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    #: subscriptions one WebSocket connection may hold (contract §8)
+    max_subscriptions_per_connection: Annotated[int, Field(ge=1)] = 100
+    #: WebSocket connections one user may hold, across every broker process (contract §8)
+    max_connections_per_user: Annotated[int, Field(ge=1)] = 1000
+    #: bytes waiting to be sent to one WebSocket connection (its outbox and its socket's
+    #: write buffer) past which it is sent no more deliveries until it reads (contract §8)
+    max_connection_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = 16 * MiB
     session_ttl_seconds: Annotated[int, Field(ge=1)] = 86400
     allowed_origins: str = ""
     #: Host header names (any port) requests may carry, comma-separated, or "*"; "" = only

@@ -87,6 +87,12 @@ class RateLimited(BrokerError):
         self.retry_after = max(1, retry_after)
 
 
+class LimitExceeded(BrokerError):
+    """A per-user or per-connection resource limit was reached."""
+
+    code = "limit_exceeded"
+
+
 class Unavailable(BrokerError):
     """The database is unreachable; the request did nothing."""
 

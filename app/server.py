@@ -29,7 +29,7 @@ from websockets.protocol import State
 
 from app import runtime, serverext
 from app.config import Settings
-from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY
+from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY, WRITE_BUFFER
 
 log = logging.getLogger("messagex")
 
@@ -105,6 +105,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
       peer that stopped reading: a graceful close (the app returning, or ``websocket.close``)
       waits for the write buffer to drain, which never happens, so the socket would stay open
       for as long as the peer keeps its window shut.
+    - ``WRITE_BUFFER``: ``size()``, the bytes written and not yet sent.
     """
 
     _texts: list[str] | None = None  # while handle_events runs: text frames not handed over
@@ -122,6 +123,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions[SEND_MANY] = serverext.SendMany(send_many=self.send_many)
             extensions[RECEIVE_MANY] = serverext.ReceiveMany(receive=self.receive)
             extensions[ABORT] = serverext.Abort(abort=self.abort)
+            extensions[WRITE_BUFFER] = serverext.WriteBuffer(size=self.write_buffer_size)
 
     async def run_asgi(self) -> None:
         try:
@@ -130,11 +132,14 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             # The extensions hold bound methods: drop them with the app's end, so that no
             # reference cycle keeps a closed connection for the cyclic collector.
             extensions = getattr(self, "scope", {}).get("extensions", {})
-            for name in (SEND_MANY, RECEIVE_MANY, ABORT):
+            for name in (SEND_MANY, RECEIVE_MANY, ABORT, WRITE_BUFFER):
                 extensions.pop(name, None)
 
     def abort(self) -> None:
         self.transport.abort()
+
+    def write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size()
 
     def handle_events(self) -> None:
         self._texts = []
@@ -191,14 +196,19 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             except InvalidState:
                 raise ClientDisconnected() from None
             self.transport.write(b"".join(self.conn.data_to_send()))
-            return
-        # What send_text writes for an unfragmented, unmasked, uncompressed text frame, at a
-        # tenth of its cost per frame; after anything the protocol still has to send.
-        out = self.conn.data_to_send()
-        for data in frames:
-            out.append(text_frame_header(len(data)))
-            out.append(data)
-        self.transport.write(b"".join(out))
+        else:
+            # What send_text writes for an unfragmented, unmasked, uncompressed text frame, at
+            # a tenth of its cost per frame; after anything the protocol still has to send.
+            out = self.conn.data_to_send()
+            for data in frames:
+                out.append(text_frame_header(len(data)))
+                out.append(data)
+            self.transport.write(b"".join(out))
+        if not self.writable.is_set():
+            # Past the transport's high-water mark: wait here, so that the caller's send
+            # timeout covers a peer that stopped reading even when this was the last send
+            # (otherwise nothing would wait, and nothing would time out).
+            await self.writable.wait()
 
 
 class CoalescingTransport:

@@ -7,12 +7,16 @@ Each extension's value is a dict of what the app may call on that connection, so
 needs neither Starlette's private attributes nor the server object:
 
 - ``SEND_MANY``: ``send_many(frames)`` sends several encoded text frames (UTF-8 bytes) with
-  one socket write, after waiting while the transport is paused for writing.
+  one socket write, after waiting while the transport is paused for writing; and when that
+  write pauses it, waits again before it returns (so the caller's timeout covers it).
 - ``RECEIVE_MANY``: ``receive()`` is the connection's ASGI receive, on which the text frames
   of one socket read arrive as one ``{"type": RECEIVE_MANY, "texts": [str, ...]}`` (a single
   one as a plain ``websocket.receive``), in order with every other event.
 - ``ABORT``: ``abort()`` drops the TCP connection at once, discarding unsent data (a peer
   that stopped reading never lets a graceful close finish).
+- ``WRITE_BUFFER``: ``size()`` is the number of bytes written to the connection's transport
+  and not yet sent (``asyncio.WriteTransport.get_write_buffer_size``): with what the app
+  still holds, what waits for a peer that may have stopped reading.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, TypedDict, cast
 SEND_MANY = "messagex.websocket.send_many"
 RECEIVE_MANY = "messagex.websocket.receive_many"
 ABORT = "messagex.websocket.abort"
+WRITE_BUFFER = "messagex.websocket.write_buffer"
 
 
 class SendMany(TypedDict):
@@ -35,6 +40,10 @@ class ReceiveMany(TypedDict):
 
 class Abort(TypedDict):
     abort: Callable[[], None]
+
+
+class WriteBuffer(TypedDict):
+    size: Callable[[], int]
 
 
 def _get(scope: Mapping[str, Any], name: str) -> Any:
@@ -55,3 +64,8 @@ def receive_many(scope: Mapping[str, Any]) -> Callable[[], Awaitable[Any]] | Non
 def abort(scope: Mapping[str, Any]) -> Callable[[], None] | None:
     found = _get(scope, ABORT)
     return None if found is None else cast(Abort, found)["abort"]
+
+
+def write_buffer_size(scope: Mapping[str, Any]) -> Callable[[], int] | None:
+    found = _get(scope, WRITE_BUFFER)
+    return None if found is None else cast(WriteBuffer, found)["size"]

@@ -30,6 +30,7 @@ STATUS: dict[type[errors.BrokerError], tuple[int, str]] = {
     errors.ValidationFailed: (422, "Unprocessable Content"),
     errors.Unroutable: (422, "Unprocessable Content"),
     errors.RateLimited: (429, "Too Many Requests"),
+    errors.LimitExceeded: (429, "Too Many Requests"),
     errors.Unavailable: (503, "Service Unavailable"),
     errors.AlreadySubscribed: (409, "Conflict"),
     errors.NotSubscribed: (409, "Conflict"),

@@ -124,7 +124,7 @@ class _Entry:
     password_hash: str = ""
 
 
-def _retrieve(future: asyncio.Future[User]) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a shared verification's outcome as seen, even when no one else waited for it."""
     if not future.cancelled():
         future.exception()
@@ -155,10 +155,15 @@ class BasicCache:
         return username, mac.digest()
 
     def get(self, key: tuple[str, bytes]) -> User | None:
+        entry = self.entry(key)
+        return None if entry is None else entry.user
+
+    def entry(self, key: tuple[str, bytes]) -> _Entry | None:
+        """The live entry of ``key``: its user and the hash the password was verified with."""
         entry = self._entries.get(key)
         if entry is None or entry.expires <= time.monotonic():
             return None
-        return entry.user
+        return entry
 
     def renewable(self, key: tuple[str, bytes]) -> str | None:
         """The verified hash of an expired entry (kept at most RENEW_WINDOW_SECONDS)."""
@@ -202,7 +207,9 @@ class AuthService:
             parallelism=settings.argon2_parallelism,
         )
         self.cache = BasicCache(settings.auth_cache_seconds)
-        self._in_flight: dict[tuple[tuple[str, bytes], str | None], asyncio.Future[User]] = {}
+        self._in_flight: dict[
+            tuple[tuple[str, bytes], str | None], asyncio.Future[tuple[User, str]]
+        ] = {}
         self._listeners: list[Listener] = []
         #: keys this process saw reach their limit → monotonic time after which the window
         #: has surely ended. Only used to bypass the Basic cache; the database decides 429s.
@@ -255,33 +262,40 @@ class AuthService:
 
     async def authenticate(self, authorization: str | None, client_host: str | None) -> User:
         """The caller named by an ``Authorization`` header (Bearer token or Basic)."""
+        return (await self.authenticate_with_hash(authorization, client_host))[0]
+
+    async def authenticate_with_hash(
+        self, authorization: str | None, client_host: str | None
+    ) -> tuple[User, str | None]:
+        """``authenticate``, and the stored password hash a Basic password was verified
+        against (None for a token): a WebSocket keeps it, and closes when it changes."""
         credentials = parse_authorization(authorization)  # malformed: Unauthorized, uncounted
         if credentials is None:
             raise Unauthorized(NO_CREDENTIALS)
         if isinstance(credentials, BearerCredentials):
-            return await self.authenticate_token(credentials.token, client_host)
+            return await self.authenticate_token(credentials.token, client_host), None
         return await self._authenticate_basic(
             credentials.username, credentials.password, client_host
         )
 
     async def _authenticate_basic(
         self, username: str, password: str, client_host: str | None
-    ) -> User:
+    ) -> tuple[User, str]:
         key = self.cache.key(username, password)
-        cached = self.cache.get(key)
+        cached = self.cache.entry(key)
         if (
             cached is not None
             and not self._locally_locked(username, client_host)
-            and self._from_allowed_host(cached, client_host)
+            and self._from_allowed_host(cached.user, client_host)
         ):
-            return cached
+            return cached.user, cached.password_hash
         # Single flight: requests that miss the cache together (at start-up, or when an entry
         # expires under load) share one Argon2 verification instead of one each.
         flight = (key, client_host)
         pending = self._in_flight.get(flight)
         if pending is not None:
             return await asyncio.shield(pending)
-        future: asyncio.Future[User] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[User, str]] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)
         self._in_flight[flight] = future
         try:
@@ -289,8 +303,8 @@ class AuthService:
             account = await self._verify_password(
                 username, password, client_host, verified_hash=self.cache.renewable(key)
             )
-            user = account.user
-            self.cache.put(key, user, generation, account.password_hash)
+            verified = account.user, account.password_hash
+            self.cache.put(key, account.user, generation, account.password_hash)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 future.cancel()
@@ -299,13 +313,20 @@ class AuthService:
             raise
         finally:
             del self._in_flight[flight]
-        future.set_result(user)
-        return user
+        future.set_result(verified)
+        return verified
 
     async def authenticate_password(
         self, username: str, password: str, client_host: str | None
     ) -> User:
-        return (await self._verify_password(username, password, client_host)).user
+        return (await self.authenticate_password_with_hash(username, password, client_host))[0]
+
+    async def authenticate_password_with_hash(
+        self, username: str, password: str, client_host: str | None
+    ) -> tuple[User, str]:
+        """``authenticate_password``, and the stored hash the password was verified against."""
+        account = await self._verify_password(username, password, client_host)
+        return account.user, account.password_hash
 
     async def _verify_password(
         self,
@@ -358,6 +379,8 @@ class AuthService:
                 await accounts.replace_password_hash(
                     conn, account.id, account.password_hash, new_hash
                 )
+            # what the database now holds (unless the password changed meanwhile)
+            account = Account(account.id, account.user, new_hash)
         return account
 
     async def authenticate_token(self, token: str, client_host: str | None) -> User:

@@ -16,6 +16,11 @@ class Outlet(Protocol):
 
     id: str
     user: User
+    #: the password hash the connection authenticated with (None: by a session token)
+    password_hash: str | None
+    #: how many more deliveries it may be handed now, by the bytes already waiting to be
+    #: sent to it (contract §8: none once MESSAGEX_MAX_CONNECTION_BUFFER_BYTES wait)
+    room: int
 
     def deliver(self, subscription: Subscription, items: Sequence[Claimed]) -> None:
         """Queue deliveries for sending; never blocks (credit bounds what is queued)."""
@@ -39,7 +44,11 @@ class Subscription:
 
     @property
     def credit(self) -> int:
-        return self.prefetch - len(self.unsettled) if self.active else 0
+        if not self.active:
+            return 0
+        credit = self.prefetch - len(self.unsettled)
+        room = self.outlet.room
+        return credit if credit < room else room
 
 
 class ConsumerRegistry:

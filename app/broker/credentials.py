@@ -1,5 +1,6 @@
 """Re-checks of the credentials live WebSockets ride on: a socket whose session was revoked or
-expired, or whose user was deleted, closes with 4401; one whose user lost read permission on
+expired, whose user was deleted, or that authenticated with a password that has changed since
+(contract §3), closes with 4401; one whose user lost read permission on
 a queue gets SUBSCRIPTION_CANCELLED ``forbidden`` (contract: within 5 s). Each runs at once
 on an event (this process's, or another's through cluster events) and every
 ``LIVENESS_SECONDS`` against the database, which covers an event that was lost.
@@ -54,9 +55,15 @@ class CredentialChecks:
         for outlet in list(self.registry.outlets.values()):
             if outlet.user.username not in names:
                 continue
-            user = current.get(outlet.user.username)
-            if user is None:
+            found = current.get(outlet.user.username)
+            if found is None:
                 outlet.close(4401, "user deleted")
+                continue
+            user, password_hash = found
+            if outlet.password_hash is not None and outlet.password_hash != password_hash:
+                # (also after a rehash to new Argon2 parameters: the client reconnects with
+                # the same password; docs/reliability.md)
+                outlet.close(4401, "password changed")
                 continue
             outlet.user = user
             for sub in self.registry.of_connection(outlet.id):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from app.auth.permissions import Access, require, require_any
+from app.auth.permissions import Access, require
 from app.domain.model import BrowseStatus, StoredMessage, User
 from app.storage import messages as store
 from app.storage.database import Database
@@ -53,8 +53,9 @@ class MessageBrowser:
         return items, next_after
 
     async def get(self, actor: User, queue: str, message_id: int) -> StoredMessage:
-        """One message by its numeric id; needs some permission on the queue."""
-        require_any(actor, queue, "queue")
+        """One message by its numeric id, body included: needs read on the queue (as browse
+        does; write alone must not reveal what others published)."""
+        require(actor, Access.READ, queue, "queue")
         async with self.db.connect() as conn:
             return await store.get_message(conn, queue, message_id)
 

@@ -49,7 +49,12 @@ class Presence:
             if not alive:
                 # We were taken for dead (a long pause): come back, with our subscriptions.
                 await presence.rejoin(
-                    conn, self.process_id, socket.gethostname(), os.getpid(), self._subscriptions()
+                    conn,
+                    self.process_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self._subscriptions(),
+                    [(o.id, o.user.username) for o in self.registry.outlets.values()],
                 )
             dead = await presence.reap_dead_processes(conn, self.process_id)
         if dead:

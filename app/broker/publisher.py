@@ -121,12 +121,14 @@ class Publisher:
         metrics: Metrics,
         *,
         max_message_bytes: int,
+        max_header_bytes: int = 64 * 1024,
         group_max: int = GROUP_MAX,
         routing_cache_bindings: int = MAX_BINDINGS,
     ) -> None:
         self.db = db
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
+        self.max_header_bytes = max_header_bytes
         self._listeners: list[PublishedListener] = []
         self._pending: list[_Request] = []
         self._flushing = False
@@ -371,27 +373,39 @@ class Publisher:
     # ------------------------------------------------------------------------- steps
 
     def _prepare(self, messages: Sequence[OutgoingMessage]) -> list[OutgoingMessage]:
-        """Enforce the size limit (the rule's one home) and settle each message's id.
+        """Enforce the size limits (the rules' one home: REST, batch and WebSocket publishes
+        all come here) and settle each message's id.
 
         The id is the publisher's ``message_id`` or a new UUID; it is also written into the
-        stored properties, so every copy and every delivery carries it.
+        stored properties, so every copy and every delivery carries it. Headers and
+        properties are encoded here, once, as they will be stored: their size together is
+        checked against ``max_header_bytes``, and the INSERT takes the same text.
         """
         limit = self.max_message_bytes
-        prepared: list[OutgoingMessage] = []
+        total = len(messages)
         for index, message in enumerate(messages):
             if len(message.body) > limit:
                 raise MessageTooLarge(
-                    f"{_where(index, len(messages))}: the body is {len(message.body)} bytes, "
+                    f"{_where(index, total)}: the body is {len(message.body)} bytes, "
                     f"over the limit of {limit} bytes; nothing was stored"
                 )
+        header_limit = self.max_header_bytes
+        prepared: list[OutgoingMessage] = []
         ids = _uuid4_strings(sum(1 for m in messages if not m.message_id))
-        for message in messages:
+        for index, message in enumerate(messages):
             message_id = message.message_id or next(ids)
-            if message.message_id and message.properties.get("message_id") == message_id:
-                prepared.append(message)
-                continue
-            properties = {**message.properties, "message_id": message_id}
-            prepared.append(message.evolve(message_id=message_id, properties=properties))
+            properties = message.properties
+            if not (message.message_id and properties.get("message_id") == message_id):
+                properties = {**properties, "message_id": message_id}
+            stored, size = store.encode_metadata(message.headers, properties)
+            if size > header_limit:
+                raise MessageTooLarge(
+                    f"{_where(index, total)}: its headers and properties are {size} bytes as "
+                    f"JSON, over the limit of {header_limit} bytes; nothing was stored"
+                )
+            prepared.append(
+                message.evolve(message_id=message_id, properties=properties, stored_json=stored)
+            )
         return prepared
 
     def _route(self, routes: Routes, messages: list[OutgoingMessage], exchange: str) -> _Plan:

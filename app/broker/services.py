@@ -82,6 +82,7 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
             db,
             metrics,
             max_message_bytes=settings.max_message_bytes,
+            max_header_bytes=settings.max_header_bytes,
             group_max=settings.publish_group_max,
             routing_cache_bindings=settings.routing_cache_bindings,
         ),

@@ -19,7 +19,7 @@ from app.broker.settlement import Settlement
 from app.broker.wakeups import WakeHub
 from app.config import Settings
 from app.domain.retry import Outcome
-from app.errors import AlreadySubscribed, NotFound, NotSubscribed, Unavailable
+from app.errors import AlreadySubscribed, LimitExceeded, NotFound, NotSubscribed, Unavailable
 from app.metrics import Metrics
 from app.storage import deliveries, presence
 from app.storage.database import Database
@@ -59,6 +59,30 @@ class Subscriptions:
         self.reserve = dispatcher.reserve
 
     # -- connections ------------------------------------------------------------------------
+
+    async def admit(self, connection_id: str, username: str) -> None:
+        """Count an authenticated connection against its user's limit on all processes
+        (contract §8); LimitExceeded when the user has them all. ``disconnect`` forgets it."""
+        limit = self.settings.max_connections_per_user
+        async with self.db.transaction() as conn:
+            admitted = await presence.admit_connection(
+                conn,
+                connection_id=connection_id,
+                process_id=self.process_id,
+                username=username,
+                limit=limit,
+            )
+        if not admitted:
+            raise LimitExceeded(
+                f"user '{username}' already has {limit} WebSocket connections"
+                " (MESSAGEX_MAX_CONNECTIONS_PER_USER)"
+            )
+
+    def resume(self, outlet: Outlet) -> None:
+        """``outlet`` has room again (it read what waited): its queues may hand it more."""
+        queue_ids = [sub.queue_id for sub in self.registry.of_connection(outlet.id)]
+        if queue_ids:
+            self.hub.credit(queue_ids)
 
     def connect(self, outlet: Outlet, token_digest: bytes | None) -> None:
         self.registry.add_outlet(outlet, token_digest)
@@ -110,6 +134,12 @@ class Subscriptions:
     async def subscribe(self, outlet: Outlet, queue: str, prefetch: int) -> Subscription:
         """Register a subscription, inactive until ``activate`` (after SUBSCRIBED is queued)."""
         require(outlet.user, Access.READ, queue, "queue")
+        limit = self.settings.max_subscriptions_per_connection
+        if len(self.registry.of_connection(outlet.id)) >= limit:
+            raise LimitExceeded(
+                f"this connection already has {limit} subscriptions"
+                " (MESSAGEX_MAX_SUBSCRIPTIONS_PER_CONNECTION)"
+            )
         async with self.db.transaction() as conn:
             found = await deliveries.queue_by_name(conn, queue)
             if found is None:

@@ -80,6 +80,16 @@ def jsonb_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def jsonb_text_sized(value: Any) -> tuple[str, int]:
+    """``jsonb_text(value)`` and its size in UTF-8 bytes, from one encoding."""
+    try:
+        raw = orjson.dumps(value)
+    except TypeError:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return text, len(text.encode("utf-8", "surrogatepass"))
+    return raw.decode(), len(raw)
+
+
 def _decode_json(text: str) -> Any:
     return jsonexact.loads(text)
 

@@ -16,7 +16,7 @@ WHERE token_digest = ANY(CAST(:digests AS bytea[])) AND expires_at > now()
 """)
 
 USERS = text("""
-SELECT username, role, perm_configure, perm_write, perm_read, loopback_only
+SELECT username, role, perm_configure, perm_write, perm_read, loopback_only, password_hash
 FROM broker_users WHERE username = ANY(CAST(:names AS text[]))
 """)
 
@@ -28,8 +28,12 @@ async def live_sessions(conn: AsyncConnection, digests: Sequence[bytes]) -> set[
     return {bytes(r[0]) for r in rows}
 
 
-async def users(conn: AsyncConnection, names: Sequence[str]) -> dict[str, User]:
+async def users(conn: AsyncConnection, names: Sequence[str]) -> dict[str, tuple[User, str]]:
+    """The named users that exist, with their current password hash."""
     if not names:
         return {}
     rows = (await conn.execute(USERS, {"names": list(names)})).all()
-    return {r[0]: User(r[0], Role(r[1]), Permissions(r[2], r[3], r[4]), bool(r[5])) for r in rows}
+    return {
+        r[0]: (User(r[0], Role(r[1]), Permissions(r[2], r[3], r[4]), bool(r[5])), r[6])
+        for r in rows
+    }

@@ -23,7 +23,7 @@ from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
 from app.storage import queries
 from app.storage.driver_errors import FK_MESSAGES_QUEUE, constraint
-from app.storage.fastpath import HotPath, jsonb_text
+from app.storage.fastpath import HotPath, jsonb_text, jsonb_text_sized
 
 
 class QueueDeleted(NotFound):
@@ -130,6 +130,22 @@ class HandedOff:
     properties: str
 
 
+def encode_metadata(
+    headers: Mapping[str, Any], properties: Mapping[str, Any]
+) -> tuple[tuple[str, str], int]:
+    """A message's headers and properties as the JSON text ``insert_copies`` stores, and
+    their size together in bytes (what MESSAGEX_MAX_HEADER_BYTES bounds), from one encoding."""
+    headers_text, headers_size = jsonb_text_sized(headers) if headers else ("{}", 2)
+    properties_text, properties_size = jsonb_text_sized(properties)
+    return (headers_text, properties_text), headers_size + properties_size
+
+
+def _stored_json(m: OutgoingMessage) -> tuple[str, str]:
+    if m.stored_json is not None:
+        return m.stored_json
+    return jsonb_text(m.headers) if m.headers else "{}", jsonb_text(m.properties)
+
+
 async def insert_copies(
     hot: HotPath,
     messages: Sequence[tuple[str, OutgoingMessage]],
@@ -149,6 +165,7 @@ async def insert_copies(
     """
     if not copies:
         return []
+    stored = [_stored_json(m) for _, m in messages]
     params: dict[str, Any] = {
         "receipt": receipt,
         "copy_msg": [index + 1 for index, _ in copies],
@@ -156,8 +173,8 @@ async def insert_copies(
         "exchange": [e for e, _ in messages],
         "message_id": [m.message_id for _, m in messages],
         "routing_key": [m.routing_key for _, m in messages],
-        "headers": [jsonb_text(m.headers) if m.headers else "{}" for _, m in messages],
-        "properties": [jsonb_text(m.properties) for _, m in messages],
+        "headers": [h for h, _ in stored],
+        "properties": [p for _, p in stored],
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],

@@ -44,7 +44,28 @@ ON CONFLICT DO NOTHING
 REMOVE_SUBSCRIPTION = text(
     "DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id"
 )
-REMOVE_CONNECTION = text("DELETE FROM subscriptions WHERE connection_id = :connection_id")
+REMOVE_CONNECTION = text("""
+WITH gone AS (DELETE FROM subscriptions WHERE connection_id = :connection_id)
+DELETE FROM websocket_connections WHERE connection_id = :connection_id
+""")
+# Admission of a connection under a per-user lock held to the commit: concurrent upgrades of
+# one user (on any process) count one after the other. Each statement in READ COMMITTED sees
+# what committed before it started, so the count, run once the lock is held, sees every row
+# inserted under it.
+LOCK_USER_CONNECTIONS = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended('messagex.ws:' || :username, 0))"
+)
+ADMIT_CONNECTION = text("""
+INSERT INTO websocket_connections (connection_id, process_id, username)
+SELECT :connection_id, :process_id, :username
+WHERE (SELECT count(*) FROM websocket_connections WHERE username = :username) < :limit
+ON CONFLICT DO NOTHING
+""")
+ADD_CONNECTION = text("""
+INSERT INTO websocket_connections (connection_id, process_id, username)
+VALUES (:connection_id, :process_id, :username)
+ON CONFLICT DO NOTHING
+""")
 
 
 async def register_process(conn: AsyncConnection, id: str, hostname: str, pid: int) -> None:
@@ -57,10 +78,16 @@ async def rejoin(
     hostname: str,
     pid: int,
     subscriptions: Sequence[tuple[str, int, int]],
+    connections: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Register again a process that was taken for dead, with its live ``subscriptions``
-    (connection id, queue id, prefetch)."""
+    (connection id, queue id, prefetch) and ``connections`` (connection id, username)."""
     await register_process(conn, id, hostname, pid)
+    for connection_id, username in connections:
+        await conn.execute(
+            ADD_CONNECTION,
+            {"connection_id": connection_id, "process_id": id, "username": username},
+        )
     for connection_id, queue_id, prefetch in subscriptions:
         await add_subscription(
             conn, connection_id=connection_id, queue_id=queue_id, process_id=id, prefetch=prefetch
@@ -103,4 +130,20 @@ async def remove_subscription(conn: AsyncConnection, connection_id: str, queue_i
 
 
 async def remove_connection(conn: AsyncConnection, connection_id: str) -> None:
+    """Forget a closed connection: its subscription rows and its connection row."""
     await conn.execute(REMOVE_CONNECTION, {"connection_id": connection_id})
+
+
+async def admit_connection(
+    conn: AsyncConnection, *, connection_id: str, process_id: str, username: str, limit: int
+) -> bool:
+    """Record an authenticated WebSocket connection of ``username`` unless that user already
+    has ``limit`` of them on all processes together; False when refused. Run it in a
+    transaction of its own: the per-user lock is held until it ends."""
+    params = {"username": username}
+    await conn.execute(LOCK_USER_CONNECTIONS, params)
+    result = await conn.execute(
+        ADMIT_CONNECTION,
+        {**params, "connection_id": connection_id, "process_id": process_id, "limit": limit},
+    )
+    return bool(result.rowcount)

@@ -47,6 +47,16 @@ def _ts(name: str, *, nullable: bool = False, default: bool = True) -> Column[ob
     )
 
 
+def _process_id() -> Column[object]:
+    """The broker process a row lives on: the row dies with the process's row."""
+    return Column(
+        "process_id",
+        UUID(as_uuid=False),
+        ForeignKey("broker_processes.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+
+
 exchanges = Table(
     "exchanges",
     metadata,
@@ -231,17 +241,25 @@ subscriptions = Table(
     # Live WebSocket subscriptions, so that every process can count consumers.
     Column("connection_id", UUID(as_uuid=False), primary_key=True),
     Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
-    Column(
-        "process_id",
-        UUID(as_uuid=False),
-        ForeignKey("broker_processes.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    _process_id(),
     Column("prefetch", Integer, nullable=False),
     _ts("created_at"),
 )
 Index(None, subscriptions.c.queue_id)
 Index(None, subscriptions.c.process_id)
+
+websocket_connections = Table(
+    "websocket_connections",
+    metadata,
+    # Live authenticated WebSocket connections, so that every process can count a user's
+    # (contract §8: MESSAGEX_MAX_CONNECTIONS_PER_USER across all processes).
+    Column("connection_id", UUID(as_uuid=False), primary_key=True),
+    _process_id(),
+    Column("username", Text, nullable=False),
+    _ts("created_at"),
+)
+Index(None, websocket_connections.c.username)
+Index(None, websocket_connections.c.process_id)
 
 publish_receipts = Table(
     "publish_receipts",

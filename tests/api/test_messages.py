@@ -335,7 +335,7 @@ def make_user(
     return client(server.base_url, auth=(name, f"{name}-password"))
 
 
-def test_browse_needs_read_get_needs_any_delete_needs_configure(
+def test_browse_and_get_need_read_delete_needs_configure(
     admin: httpx.Client, server: LiveServer
 ) -> None:
     put_queue(admin, "q")
@@ -344,7 +344,7 @@ def test_browse_needs_read_get_needs_any_delete_needs_configure(
     one = f"/queues/q/messages/{message_id}"
     with make_user(admin, server, "writer", write="^q$") as writer:
         assert_problem(writer.get("/queues/q/messages"), 403, "forbidden")
-        assert writer.get(one).status_code == 200  # some permission is enough to read one
+        assert_problem(writer.get(one), 403, "forbidden")
         assert_problem(writer.delete(one), 403, "forbidden")
     with make_user(admin, server, "reader", read="^q$") as reader:
         assert reader.get("/queues/q/messages").status_code == 200
@@ -361,6 +361,7 @@ def test_browse_needs_read_get_needs_any_delete_needs_configure(
     assert count(server) == 1
     with make_user(admin, server, "configurer", configure="^q$") as configurer:
         assert_problem(configurer.get("/queues/q/messages"), 403, "forbidden")
+        assert_problem(configurer.get(one), 403, "forbidden")
         assert configurer.delete(one).status_code == 204
     assert count(server) == 0
 
@@ -369,3 +370,20 @@ def test_browse_needs_credentials(anon: httpx.Client, server: LiveServer) -> Non
     assert_problem(anon.get("/queues/q/messages"), 401, "unauthorized")
     assert_problem(anon.get("/queues/q/messages/1"), 401, "unauthorized")
     assert_problem(anon.delete("/queues/q/messages/1"), 401, "unauthorized")
+
+
+def test_a_write_only_user_cannot_read_a_message_body(
+    admin: httpx.Client, server: LiveServer
+) -> None:
+    """Issue 18, finding 5: message ids are sequential, and a user with write on `secret`
+    only read any message's body with GET /queues/secret/messages/{id} (200 on main, where
+    "some permission" was enough). Contract §12: reading content needs read."""
+    put_queue(admin, "secret")
+    send(admin, "secret", body={"card": "4111-1111"})
+    (message_id,) = ids(server, "secret")
+    with make_user(admin, server, "pub", write="^secret$") as pub:
+        assert pub.post("/queues/secret/messages", json={"body": 1}).status_code == 200
+        refused = pub.get(f"/queues/secret/messages/{message_id}")
+        assert_problem(refused, 403, "forbidden")
+        assert "4111" not in refused.text
+        assert_problem(pub.get("/queues/secret/messages"), 403, "forbidden")

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from tests.support import (
     ADMIN_PASSWORD,
@@ -200,6 +201,97 @@ def test_user_deleted_on_b_closes_sockets_on_a(pair: Pair) -> None:
         elapsed = time.monotonic() - started
         print(f"closed on A {elapsed:.2f} s after DELETE /users on B")
         assert elapsed <= 5.5
+
+
+def test_password_changed_on_b_closes_the_old_passwords_sockets_everywhere(pair: Pair) -> None:
+    """Issue 18, finding 8: after an admin changed a user's password, that user's WebSocket
+    authenticated with the old one still published 7 s later (main). Contract §3: the
+    sockets that authenticated with the old password close (4401) within 5 s on every
+    process, header and AUTH frame alike, and so do those riding on its sessions; one opened
+    with the new password stays."""
+    name = fresh("u")
+    make_user(pair.rest_b, name, PASSWORD, write=".*")
+    token = login(pair.b.base_url, name, PASSWORD)
+    on_a = WsClient.as_user(pair.a.ws_url, name, PASSWORD)
+    by_frame = WsClient.open(pair.a.ws_url)
+    by_frame.send_json({"type": "AUTH", "username": name, "password": PASSWORD})
+    by_frame.expect("CONNECTED")
+    on_b = WsClient.as_user(pair.b.ws_url, name, PASSWORD)
+    with_token = WsClient.with_token(pair.a.ws_url, token)
+    started = time.monotonic()
+    new_password = PASSWORD + "-changed"
+    r = pair.rest_b.put(
+        f"/users/{name}",
+        json={
+            "password": new_password,
+            "role": "user",
+            "permissions": {"configure": "", "write": ".*", "read": ""},
+        },
+    )
+    assert r.status_code == 200, r.text
+    with WsClient.as_user(pair.a.ws_url, name, new_password) as fresh_socket:
+        elapsed = {}
+        for label, ws in (("A", on_a), ("A by AUTH", by_frame), ("B", on_b), ("token", with_token)):
+            code, _ = ws.expect_close(6)
+            assert code == 4401, label
+            elapsed[label] = round(time.monotonic() - started, 2)
+        print(f"old-password sockets closed after {elapsed} s")
+        assert max(elapsed.values()) <= 5.5
+        reply = fresh_socket.request({"type": "PUBLISH", "exchange": "amq.direct", "body": 1})
+        assert reply["type"] == "PUBLISHED"
+
+
+def test_connections_per_user_are_counted_across_processes(database: str) -> None:
+    """Contract §8: at most MESSAGEX_MAX_CONNECTIONS_PER_USER (2 here) WebSocket connections
+    per user on all processes together; the upgrade past it is 429 limit_exceeded (an AUTH
+    frame past it: ERROR limit_exceeded, then 1008). Other users are not affected; a
+    closed connection frees its place."""
+    with ExitStack() as stack:
+        p = start_pair(stack, database, max_connections_per_user=2)
+        name = fresh("u")
+        make_user(p.rest_b, name, PASSWORD)
+        first = WsClient.as_user(p.a.ws_url, name, PASSWORD)
+        second = WsClient.open(p.b.ws_url)
+        second.send_json({"type": "AUTH", "username": name, "password": PASSWORD})
+        second.expect("CONNECTED")
+        for url in (p.a.ws_url, p.b.ws_url):
+            r = httpx.get(
+                url.replace("ws://", "http://"),
+                auth=(name, PASSWORD),
+                headers={
+                    "Connection": "Upgrade",
+                    "Upgrade": "websocket",
+                    "Sec-WebSocket-Version": "13",
+                    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                },
+            )
+            assert r.status_code == 429, r.text
+            assert r.json()["code"] == "limit_exceeded"
+        with WsClient.open(p.a.ws_url) as third:
+            third.send_json({"type": "AUTH", "username": name, "password": PASSWORD, "id": 1})
+            code, frames = third.expect_close(5)
+            assert code == 1008
+            assert [(f["type"], f["code"]) for f in frames] == [("ERROR", "limit_exceeded")]
+        with WsClient.admin(p.a.ws_url), WsClient.admin(p.b.ws_url):
+            pass  # another user has places of its own
+        second.close()
+        wait_for(
+            lambda: _opens(p.a.ws_url, name),
+            5,
+            message="a place freed by the closed connection",
+        )
+        first.close()
+
+
+def _opens(url: str, name: str) -> bool:
+    """Whether ``name`` may open a WebSocket now (False: 429, its limit is reached)."""
+    try:
+        WsClient.as_user(url, name, PASSWORD).close()
+    except InvalidStatus as exc:
+        if exc.response.status_code != 429:
+            raise
+        return False
+    return True
 
 
 def test_logout_on_b_closes_the_token_socket_on_a(pair: Pair) -> None:

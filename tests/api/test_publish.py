@@ -15,6 +15,7 @@ import pytest
 from app.storage.dsn import asyncpg_dsn
 from tests.support import LiveServer, client, running_server
 from tests.support import test_settings as settings_for
+from tests.wsclient import WsClient
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -565,6 +566,53 @@ def test_body_over_the_limit_is_413_and_stores_nothing(small_server: LiveServer)
         )
         assert "1" in problem["detail"]
         assert count(small_server) == 6  # three accepted messages, two queues each
+
+
+@pytest.fixture
+def small_header_server(database_url: str) -> Iterator[LiveServer]:
+    with running_server(settings_for(database_url, max_header_bytes=1024)) as live:
+        yield live
+
+
+def test_headers_and_properties_over_the_limit_are_413_and_store_nothing(
+    small_header_server: LiveServer,
+) -> None:
+    """Issue 18, finding 9: only the body counted, so 8 MiB of headers with a 1-byte body
+    was stored (200 on main) and then failed every consumer with a 1 MiB frame limit.
+    Contract §1: headers and properties together, as compact JSON, within
+    MESSAGEX_MAX_HEADER_BYTES (1 KiB here); REST, batch and WebSocket PUBLISH alike."""
+    live = small_header_server
+    properties = {"message_id": "m1"}  # with its own id the stored properties are known
+    fixed = len(b'{"h":""}') + len(b'{"message_id":"m1"}')
+
+    def message(n: int, **extra: Any) -> dict[str, Any]:
+        return {"body": 1, "headers": {"h": "x" * n}, "properties": properties, **extra}
+
+    exact = 1024 - fixed
+    with client(live.base_url, auth=("admin", "admin-secret-password")) as admin:
+        declare(admin, {"hfan": "fanout"}, ("h1",), (bind("hfan", "h1"),))
+        assert publish(admin, "hfan", **message(exact)).status_code == 200
+        assert_problem(publish(admin, "hfan", **message(exact + 1)), 413, "message_too_large")
+        # properties count too, and non-ASCII in UTF-8 bytes
+        r = publish(admin, "hfan", body=1, properties={"reply_to": "é" * 600})
+        assert_problem(r, 413, "message_too_large")
+        r = admin.post("/queues/h1/messages", json=message(exact + 1))
+        assert_problem(r, 413, "message_too_large")
+        batch = {"messages": [{"body": 1}, message(exact + 1, properties={})]}
+        problem = assert_problem(
+            admin.post("/exchanges/hfan/publish-batch", json=batch), 413, "message_too_large"
+        )
+        assert "message 1 of the batch" in problem["detail"]
+        # the issue's case: 8 MiB of headers, a 1-byte body
+        r = publish(admin, "hfan", body=1, headers={"h": "x" * (8 * 1024 * 1024)})
+        assert_problem(r, 413, "message_too_large")
+        with WsClient.admin(live.ws_url) as ws:
+            reply = ws.request({"type": "PUBLISH", "queue": "h1", **message(exact + 1)})
+            assert reply["type"] == "ERROR", reply
+            assert reply["code"] == "message_too_large", reply
+            reply = ws.request({"type": "PUBLISH", "queue": "h1", **message(exact)})
+            assert reply["type"] == "PUBLISHED", reply
+        assert count(live) == 2  # the two at the limit, nothing else
 
 
 # ----------------------------------------------------------------------------- permissions

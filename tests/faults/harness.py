@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +43,31 @@ MESSAGEX = Path(sys.executable).with_name("messagex")
 REPO = Path(__file__).resolve().parents[2]
 READY_SECONDS = 60.0
 ADMIN = (ADMIN_USER, ADMIN_PASSWORD)
+
+# -- a WebSocket by hand -------------------------------------------------------------------
+
+
+def raw_upgrade(port: int, headers: dict[str, str] | None = None) -> socket.socket:
+    """A WebSocket opened by hand on a plain socket (which then reads only when the test
+    does: a client that stops reading), with ``headers``; the 101 head read."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    key = base64.b64encode(os.urandom(16)).decode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    sock.sendall(
+        (
+            f"GET /api/v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            f"Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+        ).encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed during the upgrade"
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
 
 # -- the database from outside --------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 import pytest
 
@@ -23,11 +24,12 @@ from tests.faults.harness import (
     brokers,
     declare,
     join_all,
+    raw_upgrade,
     remaining_rows,
     sessions,
 )
 from tests.support import wait_for
-from tests.wsclient import WsClient, basic
+from tests.wsclient import WsClient, _masked, basic
 
 SEND_TIMEOUT = 2.0
 BODY = 300_000
@@ -130,3 +132,71 @@ def test_a_consumer_that_stops_reading(database_url: str, logs: Path) -> None:
 def test_a_consumer_that_stops_reading_under_a_large_backlog(database_url: str, logs: Path) -> None:
     figures = run_stalled(database_url, logs, messages=1000)
     assert figures["growth_mb"] < 80  # while 286 MB went through the queue
+
+
+def test_a_consumer_that_never_reads_is_sent_no_more_and_cut_off(
+    database_url: str, logs: Path
+) -> None:
+    """Issue 18, finding 6: 150 x 900 KiB messages at prefetch 150 to a client that never
+    reads. On main the whole batch went into the transport's buffer, so no send waited and
+    the send timeout never fired: +375 MiB after 2 s, +485 MiB after 37 s, no log line.
+    Contract §8: nothing more is sent once MESSAGEX_MAX_CONNECTION_BUFFER_BYTES (16 MiB)
+    wait for it, and it is closed, its deliveries released, when a send waited (2 s here)."""
+    launcher = [sys.executable, "-m", "tests.faults.launch"]
+    messages, body = 150, "x" * (900 * 1024 - 2)  # 900 KiB as JSON
+    with brokers(
+        database_url,
+        logs,
+        1,
+        launcher=launcher,
+        MXT_SEND_TIMEOUT_SECONDS=SEND_TIMEOUT,
+        ACK_TIMEOUT_SECONDS=300,
+    ) as (a,):
+        with a.client(timeout=30) as api:
+            declare(api, QueueSpec("stuck"))
+            started = time.monotonic()
+            for _ in range(messages):  # a backlog: one claim takes all of it
+                assert api.post("/queues/stuck/messages", json={"body": body}).status_code == 200
+            published = time.monotonic() - started
+            baseline = a.rss()
+            sock = raw_upgrade(a.port, basic())
+            port = sock.getsockname()[1]
+            subscribe = {"type": "SUBSCRIBE", "queue": "stuck", "prefetch": messages}
+            sock.sendall(_masked(1, orjson.dumps(subscribe)))
+            started = time.monotonic()
+            peak = baseline
+            while time.monotonic() - started < 2:
+                peak = max(peak, a.rss())
+                time.sleep(0.05)
+            after_2s = (a.rss() - baseline) / MB
+            # main kept it open (and its memory) for good: look for 40 s at most
+            closed_after: float | None = None
+            while closed_after is None and time.monotonic() - started < 40:
+                peak = max(peak, a.rss())
+                if not established_to(a, port):
+                    closed_after = time.monotonic() - started
+                time.sleep(0.05)
+            # what it held is released: every message ready again, none in flight
+            if closed_after is not None:
+                wait_for(
+                    lambda: api.get("/queues/stuck").json()["stats"]["in_flight"] == 0,
+                    10,
+                    message="the deliveries released",
+                )
+            stats = api.get("/queues/stuck").json()["stats"]
+        sock.close()
+        growth = (peak - baseline) / MB
+        timed_out = "send timeout" in a.log_text()
+        print(
+            f"never-reading consumer: a backlog of {messages} x 900 KiB (published in "
+            f"{published:.1f} s), subscribed at prefetch {messages}; broker RSS "
+            f"+{after_2s:.0f} MiB after 2 s, +{growth:.0f} MiB at peak; socket closed after "
+            f"{closed_after} s; send-timeout logged: {timed_out}; "
+            f"queue after: {stats}"
+        )
+        assert closed_after is not None
+        assert timed_out
+        assert stats["ready"] == messages
+        # 16 MiB waiting, one 1 MiB chunk being sent, what the kernel's socket buffers took,
+        # and the transient copies of rendering and framing
+        assert growth < 80

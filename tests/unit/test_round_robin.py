@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from app.broker.consumers import ConsumerRegistry, Subscription
 from app.domain.model import Delivery, Permissions, Role, User
@@ -15,6 +16,8 @@ class FakeOutlet:
     id: str
     user: User = field(default_factory=lambda: User("u", Role.USER, Permissions()))
     delivered: list[str] = field(default_factory=list)
+    password_hash: str | None = None
+    room: int = 1_000_000
 
     def deliver(self, subscription: Subscription, items: Sequence[Delivery]) -> None:
         self.delivered.extend(d.delivery_tag for d in items)
@@ -83,3 +86,15 @@ def test_no_subscribers_no_order() -> None:
     assert registry.round_robin(7, 10) == []
     subscribe(registry, "a", prefetch=1, queue_id=7)
     assert registry.round_robin(7, 0) == []
+
+
+def test_a_connection_without_room_gets_nothing_and_one_with_little_gets_that_much() -> None:
+    """Room (deliveries that fit under the connection's buffer limit, contract §8) bounds
+    credit as prefetch does."""
+    registry = ConsumerRegistry()
+    full = subscribe(registry, "a", prefetch=5)
+    some = subscribe(registry, "b", prefetch=5)
+    cast(FakeOutlet, full.outlet).room = 0
+    cast(FakeOutlet, some.outlet).room = 2
+    assert (full.credit, some.credit) == (0, 2)
+    assert names(registry.round_robin(1, 10)) == "bb"

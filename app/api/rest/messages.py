@@ -62,7 +62,7 @@ async def browse_messages(
     "/queues/{name}/messages/{id}",
     name="get_message",
     summary="Read one stored message",
-    description="Whatever its status. Needs some permission on the queue.",
+    description="Whatever its status. Needs read on the queue.",
     response_model=StoredMessageView,
     status_code=status.HTTP_200_OK,
     responses=problem_responses(401, 403, 404, 422, 429, 503),

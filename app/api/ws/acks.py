@@ -50,6 +50,14 @@ class AckBatcher:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def detach(self) -> None:
+        """The connection is gone: drop what refers to it (its bound methods), so that no
+        reference cycle keeps it; later ACKs are ignored."""
+        self._pending = []
+        self._settle = _closed_settle
+        self._track = _ignore
+        self._send = _ignore
+
     def add(self, frame: Ack, frame_id: FrameId) -> None:
         """Settle ``frame`` with the others read in this turn of the event loop."""
         if not self._pending:
@@ -92,6 +100,16 @@ class AckBatcher:
         reply = ack_reply(frame, frame_id, unknown, exc)
         if reply is not None:
             self._send(reply)
+
+
+def _ignore(_: Any) -> None:
+    pass
+
+
+def _closed_settle(tags: Sequence[str], done: Done) -> asyncio.Future[Any]:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
 
 
 def ack_reply(

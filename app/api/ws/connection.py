@@ -39,6 +39,9 @@ from app.errors import BadFrame, BrokerError
 log = logging.getLogger("messagex.ws")
 
 AUTH_DEADLINE_SECONDS = 10.0
+#: before authentication the server answers at most this many frames; the next one closes
+#: the connection with 1008 (contract §8: a stranger cannot make the broker hold more)
+BEFORE_AUTH_FRAME_LIMIT = 10
 #: a send that takes longer than this means the client stopped reading: close it
 SEND_TIMEOUT_SECONDS = 30.0
 #: more bad frames than this within the window close the connection with 1008
@@ -50,6 +53,14 @@ OUTBOX_SOFT_LIMIT = 256
 MAX_INFLIGHT_OPS = 1024
 #: on close, how long ACK/NACK/PUBLISH frames already read may take to finish
 OPS_GRACE_SECONDS = 5.0
+#: a frame shorter than this that has to wait in the outbox is copied to an exact-size bytes
+#: object first: orjson's output of a few dozen bytes pins about 4 KiB (and up to twice its
+#: length below this size), which a queue of waiting frames would multiply
+EXACT_COPY_BELOW = 128 * 1024
+#: the sender writes at most this much at once (at least one frame): a send that waits 30 s
+#: is then a peer that read less than this in that time, and the transport's buffer stays
+#: small while the outbox holds the rest
+SEND_CHUNK_BYTES = 1024 * 1024
 
 
 class _Close:
@@ -60,15 +71,29 @@ class _Close:
 
 class Outbox:
     """FIFO of encoded frames. Deliveries are bounded by prefetch credit; replies by the
-    reader waiting for room before it reads another frame."""
+    reader waiting for room before it reads another frame.
+
+    A frame pushed while the sender waits on the socket (not for the outbox) will wait too:
+    a small one is copied to exact size first (``EXACT_COPY_BELOW``). The common case — the
+    sender idle in ``take``, which hands frames over in this turn of the event loop — copies
+    nothing.
+    """
 
     def __init__(self) -> None:
         self._items: deque[bytes | _Close] = deque()
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        #: the sender is sending (waiting on the socket): what is pushed now waits
+        self._sending = False
+        #: the bytes of the frames queued
+        self.bytes = 0
 
     def push(self, item: bytes | _Close) -> None:
+        if type(item) is bytes:
+            if self._sending and len(item) < EXACT_COPY_BELOW:
+                item = b"".join((item, b""))  # a new object of exactly len(item) bytes
+            self.bytes += len(item)
         self._items.append(item)
         self._ready.set()
         if len(self._items) > OUTBOX_SOFT_LIMIT:
@@ -77,12 +102,32 @@ class Outbox:
     async def wait_for_room(self) -> None:
         await self._room.wait()
 
-    async def take(self) -> list[bytes | _Close]:
+    async def take(self, max_bytes: int = SEND_CHUNK_BYTES) -> list[bytes | _Close]:
+        """The frames queued, in order: all of them, or as many as fit in ``max_bytes``
+        (at least one)."""
+        self._sending = False
         await self._ready.wait()
-        items = list(self._items)
-        self._items.clear()
-        self._ready.clear()
-        self._room.set()
+        self._sending = True
+        queued = self._items
+        if self.bytes <= max_bytes:
+            items = list(queued)
+            queued.clear()
+            self.bytes = 0
+        else:
+            items = []
+            taken = 0
+            while queued:
+                head = queued[0]
+                size = len(head) if type(head) is bytes else 0
+                if items and taken + size > max_bytes:
+                    break
+                items.append(queued.popleft())
+                taken += size
+            self.bytes -= taken
+        if not queued:
+            self._ready.clear()
+        if len(queued) <= OUTBOX_SOFT_LIMIT:
+            self._room.set()
         return items
 
 
@@ -116,6 +161,10 @@ class Inbound:
         raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
 
+def _nothing() -> int:
+    return 0
+
+
 def _delivered_frame(queue: str, item: Delivery, raw_json: bool) -> dict[str, Any]:
     return {"type": "MESSAGE_DELIVERED", **delivery_fields(queue, item, raw_json=raw_json)}
 
@@ -130,6 +179,16 @@ class WsConnection:
         self.id = str(uuid.uuid4())
         self.user: User = user  # type: ignore[assignment]  # set before OPEN
         self.digest = digest
+        #: the password hash this connection authenticated with (None: a session token)
+        self.password_hash: str | None = None
+        #: bytes waiting to be sent (outbox and socket) past which it is handed nothing more
+        self.max_buffer = services.settings.max_connection_buffer_bytes
+        self._transport_buffered = serverext.write_buffer_size(ws.scope) or _nothing
+        #: the size of its frames, a running average; the largest possible until some are
+        #: seen, so that a first claim cannot hand it more than ``max_buffer`` bytes either
+        self._frame_size = max(services.settings.max_message_bytes, 1)
+        #: deliveries it may be handed now (``Outlet.room``), kept by ``_measure_room``
+        self.room = max(1, self.max_buffer // self._frame_size)
         self.life = Lifecycle()  # AUTHENTICATING until opened()
         self.outbox = Outbox()
         self.inbound = Inbound(ws)
@@ -146,11 +205,36 @@ class WsConnection:
 
     def deliver(self, subscription: Subscription, items: Sequence[Delivery]) -> None:
         queue = subscription.queue_name
+        outbox = self.outbox
+        before = outbox.bytes
         for item in items:
             # codec.render: orjson with stored bodies spliced in, or the stdlib when headers
             # hold what orjson cannot write (an integer beyond 64 bits) — never an exception
             # here, which would strand claimed deliveries.
-            self.outbox.push(render(partial(_delivered_frame, queue, item)))
+            outbox.push(render(partial(_delivered_frame, queue, item)))
+        if items:
+            size = (outbox.bytes - before) // len(items)
+            self._frame_size = (self._frame_size + size) // 2 + 1
+        self._measure_room()
+
+    def waiting(self) -> int:
+        """Bytes waiting to be sent: the outbox's and the socket's write buffer's."""
+        return self.outbox.bytes + self._transport_buffered()
+
+    def _measure_room(self) -> int:
+        """Set ``room``: how many frames of the usual size fit under ``max_buffer``, beside
+        what waits. Returns the room it had before."""
+        had = self.room
+        waiting = self.waiting()
+        if not waiting:
+            # nothing waits: at least one, however large its frames (a message may be
+            # larger than the buffer limit)
+            self.room = max(1, self.max_buffer // self._frame_size)
+        elif waiting < self.max_buffer:
+            self.room = (self.max_buffer - waiting) // self._frame_size
+        else:
+            self.room = 0
+        return had
 
     def cancel(self, queue: str, reason: str) -> None:
         self.send({"type": "SUBSCRIPTION_CANCELLED", "queue": queue, "reason": reason})
@@ -174,6 +258,12 @@ class WsConnection:
         self.send(error_frame(exc, frame_id, **fields))
 
     async def _sender(self) -> None:
+        try:
+            await self._send_loop()
+        except asyncio.CancelledError:
+            return  # run() ends the sender by cancelling it: see _reader
+
+    async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
         send_many = self._send_many()
         while True:
@@ -194,6 +284,8 @@ class WsConnection:
                         return
                     deadline.reschedule(loop.time() + SEND_TIMEOUT_SECONDS)
                     await send_many(frames)
+                if not self._measure_room() and self.room:
+                    self.engine.resume(self)  # it read what waited: hand it more
             except TimeoutError:
                 log.warning("closing a WebSocket that stopped reading (send timeout)")
                 self._abort()
@@ -235,15 +327,20 @@ class WsConnection:
             for task in (reader, sender):
                 task.cancel()
             await asyncio.gather(reader, sender, return_exceptions=True)
-            # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
-            # just before closing must not become a redelivery); bounded, then cancelled.
-            self.acks.flush()
-            await self.ops.drain(OPS_GRACE_SECONDS)
-            if self.state is not State.AUTHENTICATING or self.user is not None:
-                try:
-                    await self.engine.disconnect(self)
-                except BrokerError:
-                    log.warning("release on disconnect failed; ack timeouts will release")
+            try:
+                # ACK/NACK/PUBLISH frames read before the close still take effect (an ACK sent
+                # just before closing must not become a redelivery); bounded, then cancelled.
+                self.acks.flush()
+                await self.ops.drain(OPS_GRACE_SECONDS)
+                if self.state is not State.AUTHENTICATING or self.user is not None:
+                    try:
+                        await self.engine.disconnect(self)
+                    except BrokerError:
+                        log.warning("release on disconnect failed; ack timeouts will release")
+            finally:
+                # The ACK batcher holds this connection's bound methods: let it go, so that
+                # the connection is freed by reference counting once its handler returns.
+                self.acks.detach()
 
     async def _reader(self) -> None:
         try:
@@ -268,6 +365,12 @@ class WsConnection:
             self.close(4401, "authentication timed out")
         except WebSocketDisconnect:
             return
+        except asyncio.CancelledError:
+            # run() ends the reader and the sender by cancelling them, and waits for them.
+            # Returning instead of raising leaves no CancelledError on the task: its
+            # traceback holds this frame (so this connection) and the timeout's reference to
+            # the task, a cycle only the cyclic collector would free.
+            return
 
     def is_open(self) -> bool:
         return self.state is State.OPEN
@@ -278,10 +381,15 @@ class WsConnection:
             self.engine.connect(self, self.digest)
 
     async def _authenticate(self) -> None:
+        answered = 0
         while self.state is State.AUTHENTICATING:
             data = await self.inbound.next()
             if data is None:
                 return
+            if answered >= BEFORE_AUTH_FRAME_LIMIT:
+                self.close(1008, "too many frames before authentication")
+                return
+            answered += 1
             try:
                 frame, frame_id = frames.parse(data)
             except BadFrame as exc:

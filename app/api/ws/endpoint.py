@@ -31,20 +31,33 @@ async def websocket(ws: WebSocket) -> None:
         return
     user: User | None = None
     token_digest: bytes | None = None
+    password_hash: str | None = None
     header = ws.headers.get("authorization")
     if header:
         client = ws.client.host if ws.client else None
         try:
-            user = await services.auth.authenticate(header, client)
+            user, password_hash = await services.auth.authenticate_with_hash(header, client)
         except BrokerError as exc:
             await ws.send_denial_response(broker_error_response(exc))
             return
         credentials = parse_authorization(header)
         if isinstance(credentials, BearerCredentials):
             token_digest = digest(credentials.token)
-    await ws.accept()
     connection = WsConnection(ws, services, user, token_digest)
+    connection.password_hash = password_hash
     if user is not None:
+        try:  # the user's connections on every process (429 limit_exceeded)
+            await services.subscriptions.admit(connection.id, user.username)
+        except BrokerError as exc:
+            await ws.send_denial_response(broker_error_response(exc))
+            return
+        try:
+            await ws.accept()
+        except BaseException:
+            await services.subscriptions.disconnect(connection)
+            raise
         connection.opened()
         connection.send(connection.connected_frame())
+    else:
+        await ws.accept()
     await connection.run()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.api.ws import frames
 from app.api.ws.acks import FrameId
 from app.auth.tokens import digest as token_digest
-from app.errors import BadFrame, BrokerError, RateLimited, Unauthorized
+from app.errors import BadFrame, BrokerError, LimitExceeded, RateLimited, Unauthorized
 
 if TYPE_CHECKING:
     from app.api.ws.connection import WsConnection
@@ -50,7 +50,15 @@ async def auth(conn: WsConnection, frame: frames.AuthFrame, frame_id: FrameId) -
         else:
             assert frame.username is not None
             assert frame.password is not None
-            user = await service.authenticate_password(frame.username, frame.password, conn.client)
+            user, conn.password_hash = await service.authenticate_password_with_hash(
+                frame.username, frame.password, conn.client
+            )
+        # the user's connections on every process (contract §8)
+        await conn.engine.admit(conn.id, user.username)
+    except LimitExceeded as exc:
+        conn.error(exc, frame_id)
+        conn.close(1008, "too many connections for this user")
+        return
     except RateLimited as exc:
         conn.error(exc, frame_id)
         conn.close(4429, "too many failed authentications")
