@@ -1,7 +1,7 @@
 """websocket_connections: every process's WebSocket connections, to count them per user
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0005
 Create Date: 2026-12-04
 
 Hand-reviewed. Contract §8 bounds a user's WebSocket connections across every broker
@@ -10,9 +10,6 @@ transaction-scoped advisory lock per user, so concurrent upgrades cannot pass th
 together) and deleted when it closes; the rows of a process that dies go with its
 ``broker_processes`` row (ON DELETE CASCADE), as its subscriptions do. The index on
 ``username`` serves the count.
-
-(Numbered 0006 so as not to collide with main's 0004 and 0005, which this branch does not
-have yet; once merged onto them, ``down_revision`` is "0005".)
 """
 
 from collections.abc import Sequence
@@ -22,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0003"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
