@@ -147,7 +147,14 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         "mx list queues=2000 page=middle",
         "mx overview messages=10000 queues=100",
     ]
-    assert set(scale) == set(bindings + resources), sorted(scale)
+    idle = [
+        "scale idle ws connections=200 queues=200",
+        "scale idle ws connections=100 queues=200",
+        "scale delayed messages=400 over=4s",
+        "scale busy queues=2",
+        "scale busy queues=20",
+    ]
+    assert set(scale) == set(bindings + resources + idle), sorted(scale)
     for s in scale.values():
         assert s["status"] == "ok", s
         assert s["latency_ms"]["p50"] > 0, s
