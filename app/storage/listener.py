@@ -76,7 +76,14 @@ class Listener:
             timeout=self.connect_timeout,
             server_settings={"application_name": "messagex-listener"},
         )
-        await conn.add_listener(self.channel, self._callback)
+        try:
+            await conn.add_listener(self.channel, self._callback)
+        except BaseException:
+            # Not yet in ``self._conn``, so ``_close`` cannot reach it: a failed LISTEN, or a
+            # cancel (shutdown) landing during it, would leave the socket open until the event
+            # loop closes over it (a ResourceWarning, and uvloop's close failing with EBUSY).
+            conn.terminate()
+            raise
         conn.add_termination_listener(lambda _conn: self._lost.set())
         self._lost.clear()
         self._conn = conn
