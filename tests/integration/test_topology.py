@@ -89,6 +89,42 @@ async def test_list_queues_reads_stats_of_a_whole_page_in_one_statement(
     assert len(large) == len(small) <= 2
 
 
+async def test_a_new_queue_and_its_binding_are_one_statement_each(
+    db: Database, topology: TopologyService
+) -> None:
+    """The per-request cost of declaring many queues: no BEGIN/COMMIT round trips, and one
+    statement for each of declare and bind (issue 19, "Many resources")."""
+    await topology.declare_exchange(ADMIN, Exchange("ex", ExchangeType.TOPIC))
+    isolation: list[str | None] = []
+
+    def record_isolation(conn: Any, *_args: Any) -> None:
+        isolation.append(conn.get_execution_options().get("isolation_level"))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", record_isolation)
+    try:
+        with counting_statements(db) as declare:
+            _, created = await topology.declare_queue(ADMIN, Queue("q"))
+        with counting_statements(db) as bind:
+            binding, bound = await topology.create_binding(
+                ADMIN, exchange="ex", queue="q", routing_key="a.#"
+            )
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", record_isolation)
+    assert (created, bound) == (True, True)
+    assert (len(declare), len(bind)) == (1, 1)
+    # Autocommit: no BEGIN and no COMMIT round trip around them.
+    assert isolation == ["AUTOCOMMIT", "AUTOCOMMIT"]
+    # The same again: found, not created, with the stored objects.
+    again, created = await topology.declare_queue(ADMIN, Queue("q"))
+    same, bound = await topology.create_binding(ADMIN, exchange="ex", queue="q", routing_key="a.#")
+    assert (created, bound, same, again.queue) == (False, False, binding, Queue("q"))
+    # A missing exchange is reported before a missing queue, as before.
+    with pytest.raises(NotFound, match="'ghost'"):
+        await topology.create_binding(ADMIN, exchange="ghost", queue="phantom")
+    with pytest.raises(NotFound, match="'phantom'"):
+        await topology.create_binding(ADMIN, exchange="ex", queue="phantom")
+
+
 async def test_queue_deleted_listeners_run_after_commit(
     db: Database, topology: TopologyService
 ) -> None:
