@@ -194,8 +194,12 @@ class TopologyService:
         require(user, Access.CONFIGURE, queue.name, "queue")
         if queue.dead_letter_queue is not None:
             require(user, Access.WRITE, queue.dead_letter_queue, "queue")
-        # Without a dead-letter queue to hold locked, each statement stands alone: autocommit,
-        # so a new queue is one round trip (no BEGIN, no COMMIT).
+        # Without a dead-letter queue to hold locked, each statement stands alone: a new
+        # queue is one statement on the hot path's executor (no BEGIN, no COMMIT round trip,
+        # no SQLAlchemy execution); an existing one is compared on an autocommit connection.
+        if queue.dead_letter_queue is None and await store.create_queue(self.db.hot, queue):
+            log.info("queue '%s' declared by '%s'", queue.name, user.username)
+            return QueueInfo(queue, QueueStats()), True
         scope = self.db.connect if queue.dead_letter_queue is None else self.db.transaction
         async with scope() as conn:
             declared = await store.declare_queue(conn, queue)
@@ -276,13 +280,13 @@ class TopologyService:
         arguments = arguments or {}
         self._require_binding(user, exchange, queue)
         if _valid_for_any_exchange(arguments):
-            # One statement, autocommit: the common case in one round trip.
-            async with self.db.connect() as conn:
-                binding_id, created = await store.bind(
-                    conn, exchange, queue, routing_key=routing_key, arguments=arguments
-                )
-                binding = Binding(binding_id, exchange, queue, routing_key, arguments)
-                if not created:  # answer with the stored one
+            # One statement, no transaction around it: the common case in one round trip.
+            binding_id, created = await store.bind(
+                self.db.hot, exchange, queue, routing_key=routing_key, arguments=arguments
+            )
+            binding = Binding(binding_id, exchange, queue, routing_key, arguments)
+            if not created:  # answer with the stored one
+                async with self.db.connect() as conn:
                     binding = await store.get_binding(conn, binding_id) or binding
             return binding, created
         async with self.db.transaction() as conn:

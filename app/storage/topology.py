@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+import asyncpg
 from sqlalchemy import and_, bindparam, cast, delete, exists, func, literal, select, text, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -55,6 +56,7 @@ from app.storage.driver_errors import (
     constraint,
     sqlstate,
 )
+from app.storage.fastpath import HotPath, Statement
 from app.storage.presence import is_live
 
 #: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
@@ -248,6 +250,35 @@ _COMPARE_QUEUE = (
     .select_from(_QUEUE_FROM)
     .where(_q.c.name == bindparam("name"))
 )
+
+
+#: A new queue without a dead-letter queue: one statement on the hot path's executor.
+_CREATE_QUEUE = Statement(
+    text(
+        """
+INSERT INTO queues (name, durable, max_delivery_count, ack_timeout_seconds, arguments)
+VALUES (:name, :durable, :max_delivery_count, :ack_timeout_seconds, CAST(:arguments AS jsonb))
+ON CONFLICT ON CONSTRAINT uq_queues_name DO NOTHING
+RETURNING id
+"""
+    ).bindparams(bindparam("arguments", type_=JSONB))
+)
+
+
+async def create_queue(hot: HotPath, queue: Queue) -> bool:
+    """Insert a queue that names no dead-letter queue, unless one of that name exists:
+    whether it did. One statement, no transaction around it (the common declare; the
+    comparison with an existing queue is ``declare_queue``'s)."""
+    if queue.dead_letter_queue is not None:
+        raise ValueError("create_queue is for queues without a dead-letter queue")
+    params = {
+        "name": queue.name,
+        "durable": queue.durable,
+        "max_delivery_count": queue.max_delivery_count,
+        "ack_timeout_seconds": queue.ack_timeout_seconds,
+        "arguments": queue.arguments,
+    }
+    return bool(await hot.fetch(_CREATE_QUEUE, params))
 
 
 async def declare_queue(conn: AsyncConnection, queue: Queue) -> Declared[Queue]:
@@ -512,7 +543,7 @@ _FIND_BINDING = select(_b.c.id).where(
 )
 
 
-def _too_large(exc: DBAPIError) -> ValidationFailed | None:
+def _too_large(exc: Exception) -> ValidationFailed | None:
     """The unique index holds key and arguments; PostgreSQL caps an index row's size."""
     if sqlstate(exc) != PROGRAM_LIMIT_EXCEEDED:
         return None
@@ -583,32 +614,47 @@ SELECT ends.queue_id, ends.exchange_id, (SELECT id FROM inserted) AS new_id FROM
 ).bindparams(bindparam("arguments", type_=JSONB))
 
 
+_BIND_HOT = Statement(_BIND)
+_FIND_BINDING_HOT = Statement(
+    text(
+        """
+SELECT id FROM bindings
+WHERE exchange_id = :exchange_id AND queue_id = :queue_id AND routing_key = :routing_key
+  AND arguments = CAST(:arguments AS jsonb)
+"""
+    )
+)
+
+
 async def bind(
-    conn: AsyncConnection, exchange: str, queue: str, *, routing_key: str, arguments: dict[str, Any]
+    hot: HotPath, exchange: str, queue: str, *, routing_key: str, arguments: dict[str, Any]
 ) -> tuple[int, bool]:
-    """Bind in one statement per attempt (``conn`` autocommit): (binding id, created).
+    """Bind in one statement per attempt, on the hot path's executor: (binding id, created).
 
     Raises NotFound (the exchange is reported first), ValidationFailed when too large.
     """
     params = {"queue": queue, "exchange": exchange, "routing_key": routing_key}
     for _ in range(_DECLARE_ATTEMPTS):
-        try:
-            row = (await conn.execute(_BIND, {**params, "arguments": arguments})).one()
-        except DBAPIError as exc:
-            raise (_too_large(exc) or exc) from None
-        if row.exchange_id is None:
+        async with hot.connection() as conn:
+            try:
+                row = await conn.fetchrow(
+                    _BIND_HOT.sql, *_BIND_HOT.args({**params, "arguments": arguments})
+                )
+            except asyncpg.PostgresError as exc:
+                raise (_too_large(exc) or exc) from None
+        if row["exchange_id"] is None:
             raise NotFound(f"exchange '{exchange}' not found")
-        if row.queue_id is None:
+        if row["queue_id"] is None:
             raise NotFound(f"queue '{queue}' not found")
-        if row.new_id is not None:
-            return int(row.new_id), True
+        if row["new_id"] is not None:
+            return int(row["new_id"]), True
         found = {
-            "exchange_id": row.exchange_id,
-            "queue_id": row.queue_id,
+            "exchange_id": row["exchange_id"],
+            "queue_id": row["queue_id"],
             "routing_key": routing_key,
             "arguments": arguments,
         }
-        old_id = (await conn.execute(_FIND_BINDING, found)).scalar()
+        old_id = await hot.fetchval(_FIND_BINDING_HOT, found)
         if old_id is not None:
             return int(old_id), False
         # The identical binding was deleted between our two statements: try again.
