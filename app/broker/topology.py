@@ -19,6 +19,7 @@ from app.domain.model import (
     RESERVED_PREFIX,
     Binding,
     Exchange,
+    ExchangeType,
     Queue,
     QueueStats,
     Role,
@@ -96,6 +97,16 @@ async def _page(
         if len(rows) < batch:
             return items, None
         cursor = key(rows[-1])
+
+
+def _valid_for_any_exchange(arguments: dict[str, Any]) -> bool:
+    """Binding arguments that ``check_binding_arguments`` accepts whatever the exchange's
+    type (it checks only a headers exchange's x-match)."""
+    try:
+        check_binding_arguments(ExchangeType.HEADERS, arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def _admin(user: User) -> bool:
@@ -183,7 +194,14 @@ class TopologyService:
         require(user, Access.CONFIGURE, queue.name, "queue")
         if queue.dead_letter_queue is not None:
             require(user, Access.WRITE, queue.dead_letter_queue, "queue")
-        async with self.db.transaction() as conn:
+        # Without a dead-letter queue to hold locked, each statement stands alone: a new
+        # queue is one statement on the hot path's executor (no BEGIN, no COMMIT round trip,
+        # no SQLAlchemy execution); an existing one is compared on an autocommit connection.
+        if queue.dead_letter_queue is None and await store.create_queue(self.db.hot, queue):
+            log.info("queue '%s' declared by '%s'", queue.name, user.username)
+            return QueueInfo(queue, QueueStats()), True
+        scope = self.db.connect if queue.dead_letter_queue is None else self.db.transaction
+        async with scope() as conn:
             declared = await store.declare_queue(conn, queue)
             if declared.differing:
                 raise _differs("queue", queue.name, declared.differing)
@@ -261,6 +279,16 @@ class TopologyService:
         """Bind, or find the identical binding: (binding, created)."""
         arguments = arguments or {}
         self._require_binding(user, exchange, queue)
+        if _valid_for_any_exchange(arguments):
+            # One statement, no transaction around it: the common case in one round trip.
+            binding_id, created = await store.bind(
+                self.db.hot, exchange, queue, routing_key=routing_key, arguments=arguments
+            )
+            binding = Binding(binding_id, exchange, queue, routing_key, arguments)
+            if not created:  # answer with the stored one
+                async with self.db.connect() as conn:
+                    binding = await store.get_binding(conn, binding_id) or binding
+            return binding, created
         async with self.db.transaction() as conn:
             ends = await store.lock_binding_ends(conn, exchange, queue)
             try:

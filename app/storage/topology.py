@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from sqlalchemy import and_, cast, delete, exists, func, literal, select, true
+import asyncpg
+from sqlalchemy import and_, bindparam, cast, delete, exists, func, literal, select, text, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -55,6 +56,7 @@ from app.storage.driver_errors import (
     constraint,
     sqlstate,
 )
+from app.storage.fastpath import HotPath, Statement
 from app.storage.presence import is_live
 
 #: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
@@ -236,46 +238,82 @@ async def find_queue_id(
     return queue_id
 
 
+#: Constant statements of the declare (built once; their SQL is compiled once per engine).
+_INSERT_QUEUE = pg_insert(_q).on_conflict_do_nothing(constraint="uq_queues_name").returning(_q.c.id)
+_COMPARE_QUEUE = (
+    select(
+        *_QUEUE_COLUMNS,
+        (_q.c.arguments == cast(bindparam("arguments", type_=JSONB), JSONB)).label(
+            "same_arguments"
+        ),
+    )
+    .select_from(_QUEUE_FROM)
+    .where(_q.c.name == bindparam("name"))
+)
+
+
+#: A new queue without a dead-letter queue: one statement on the hot path's executor.
+_CREATE_QUEUE = Statement(
+    text(
+        """
+INSERT INTO queues (name, durable, max_delivery_count, ack_timeout_seconds, arguments)
+VALUES (:name, :durable, :max_delivery_count, :ack_timeout_seconds, CAST(:arguments AS jsonb))
+ON CONFLICT ON CONSTRAINT uq_queues_name DO NOTHING
+RETURNING id
+"""
+    ).bindparams(bindparam("arguments", type_=JSONB))
+)
+
+
+async def create_queue(hot: HotPath, queue: Queue) -> bool:
+    """Insert a queue that names no dead-letter queue, unless one of that name exists:
+    whether it did. One statement, no transaction around it (the common declare; the
+    comparison with an existing queue is ``declare_queue``'s)."""
+    if queue.dead_letter_queue is not None:
+        raise ValueError("create_queue is for queues without a dead-letter queue")
+    params = {
+        "name": queue.name,
+        "durable": queue.durable,
+        "max_delivery_count": queue.max_delivery_count,
+        "ack_timeout_seconds": queue.ack_timeout_seconds,
+        "arguments": queue.arguments,
+    }
+    return bool(await hot.fetch(_CREATE_QUEUE, params))
+
+
 async def declare_queue(conn: AsyncConnection, queue: Queue) -> Declared[Queue]:
     """Declare a queue. Raises NotFound when its dead-letter queue does not exist.
 
     The dead-letter queue is locked FOR KEY SHARE (as the foreign key would) so that it cannot
     be deleted between the lookup and our insert; should it vanish anyway, the foreign-key
-    violation is reported as the same NotFound.
+    violation is reported as the same NotFound. That lock needs ``conn`` in a transaction;
+    without a dead-letter queue, an autocommit connection is enough (each statement stands
+    alone at READ COMMITTED anyway), and a new queue costs one round trip.
     """
     dlq_id: int | None = None
     if queue.dead_letter_queue is not None:
         dlq_id = await find_queue_id(conn, queue.dead_letter_queue, lock="key_share")
         if dlq_id is None:
             raise NotFound(f"dead-letter queue '{queue.dead_letter_queue}' not found")
-    insert = (
-        pg_insert(_q)
-        .values(
-            name=queue.name,
-            durable=queue.durable,
-            max_delivery_count=queue.max_delivery_count,
-            dead_letter_queue_id=dlq_id,
-            ack_timeout_seconds=queue.ack_timeout_seconds,
-            arguments=queue.arguments,
-        )
-        .on_conflict_do_nothing(constraint="uq_queues_name")
-        .returning(_q.c.id)
-    )
-    compare = (
-        select(*_QUEUE_COLUMNS, (_q.c.arguments == _json(queue.arguments)).label("same_arguments"))
-        .select_from(_QUEUE_FROM)
-        .where(_q.c.name == queue.name)
-    )
+    values = {
+        "name": queue.name,
+        "durable": queue.durable,
+        "max_delivery_count": queue.max_delivery_count,
+        "dead_letter_queue_id": dlq_id,
+        "ack_timeout_seconds": queue.ack_timeout_seconds,
+        "arguments": queue.arguments,
+    }
+    compare = {"name": queue.name, "arguments": queue.arguments}
     for _ in range(_DECLARE_ATTEMPTS):
         try:
-            created = (await conn.execute(insert)).first()
+            created = (await conn.execute(_INSERT_QUEUE, values)).first()
         except IntegrityError as exc:
             if constraint(exc) == FK_DEAD_LETTER_QUEUE:
                 raise NotFound(f"dead-letter queue '{queue.dead_letter_queue}' not found") from None
             raise
         if created is not None:
             return Declared(queue, created=True)
-        row = (await conn.execute(compare)).first()
+        row = (await conn.execute(_COMPARE_QUEUE, compare)).first()
         if row is None:  # deleted between our INSERT and SELECT: try again
             continue
         existing = _queue(row)
@@ -464,17 +502,61 @@ class BindingEnds:
     queue_id: int
 
 
+def _key_share(stmt: Any) -> Any:
+    return stmt.with_for_update(key_share=True, read=True).scalar_subquery()
+
+
+#: Both ends of a new binding locked in ONE statement: the select list's subqueries run in
+#: order, so the queue is locked before the exchange (the one lock order). The exchange's
+#: type is immutable; it is read beside the lock, from the same snapshot.
+_LOCK_BINDING_ENDS = select(
+    _key_share(select(_q.c.id).where(_q.c.name == bindparam("queue"))).label("queue_id"),
+    _key_share(select(_ex.c.id).where(_ex.c.name == bindparam("exchange"))).label("exchange_id"),
+    select(_ex.c.type)
+    .where(_ex.c.name == bindparam("exchange"))
+    .scalar_subquery()
+    .label("exchange_type"),
+)
+
+
 async def lock_binding_ends(conn: AsyncConnection, exchange: str, queue: str) -> BindingEnds:
     """Lock the queue, then the exchange, FOR KEY SHARE (the locks the binding's foreign keys
     would take, in the one lock order). Raises NotFound (the exchange is reported first)."""
-    queue_id = await find_queue_id(conn, queue, lock="key_share")
-    stmt = select(_ex.c.id, _ex.c.type).where(_ex.c.name == exchange)
-    row = (await conn.execute(_locked(stmt, "key_share"))).first()
-    if row is None:
+    row = (await conn.execute(_LOCK_BINDING_ENDS, {"queue": queue, "exchange": exchange})).one()
+    if row.exchange_id is None:
         raise NotFound(f"exchange '{exchange}' not found")
-    if queue_id is None:
+    if row.queue_id is None:
         raise NotFound(f"queue '{queue}' not found")
-    return BindingEnds(row.id, ExchangeType(row.type), queue_id)
+    return BindingEnds(row.exchange_id, ExchangeType(row.exchange_type), row.queue_id)
+
+
+_INSERT_BINDING = (
+    pg_insert(_b)
+    .on_conflict_do_nothing(constraint="uq_bindings_exchange_id_queue_id_routing_key_arguments")
+    .returning(_b.c.id)
+)
+_FIND_BINDING = select(_b.c.id).where(
+    _b.c.exchange_id == bindparam("exchange_id"),
+    _b.c.queue_id == bindparam("queue_id"),
+    _b.c.routing_key == bindparam("routing_key"),
+    _b.c.arguments == cast(bindparam("arguments", type_=JSONB), JSONB),
+)
+
+
+def _too_large(exc: Exception) -> ValidationFailed | None:
+    """The unique index holds key and arguments; PostgreSQL caps an index row's size."""
+    if sqlstate(exc) != PROGRAM_LIMIT_EXCEEDED:
+        return None
+    return ValidationFailed(
+        "the binding's arguments are too large",
+        errors=[
+            {
+                "loc": ["body", "arguments"],
+                "msg": "too large: keep routing key and arguments under 2 kB",
+                "type": "value_error",
+            }
+        ],
+    )
 
 
 async def create_binding(
@@ -489,43 +571,90 @@ async def create_binding(
     ON CONFLICT DO NOTHING on (exchange, queue, key, arguments) makes concurrent identical
     creates idempotent; the follow-up SELECT sees the winner (new statement, new snapshot).
     """
-    insert = (
-        pg_insert(_b)
-        .values(
-            exchange_id=ends.exchange_id,
-            queue_id=ends.queue_id,
-            routing_key=routing_key,
-            arguments=arguments,
-        )
-        .on_conflict_do_nothing(constraint="uq_bindings_exchange_id_queue_id_routing_key_arguments")
-        .returning(_b.c.id)
-    )
-    existing = select(_b.c.id).where(
-        _b.c.exchange_id == ends.exchange_id,
-        _b.c.queue_id == ends.queue_id,
-        _b.c.routing_key == routing_key,
-        _b.c.arguments == _json(arguments),
-    )
+    values = {
+        "exchange_id": ends.exchange_id,
+        "queue_id": ends.queue_id,
+        "routing_key": routing_key,
+        "arguments": arguments,
+    }
     for _ in range(_DECLARE_ATTEMPTS):
         try:
-            new_id = (await conn.execute(insert)).scalar()
+            new_id = (await conn.execute(_INSERT_BINDING, values)).scalar()
         except DBAPIError as exc:
-            # The unique index holds key and arguments; PostgreSQL caps an index row's size.
-            if sqlstate(exc) == PROGRAM_LIMIT_EXCEEDED:
-                raise ValidationFailed(
-                    "the binding's arguments are too large",
-                    errors=[
-                        {
-                            "loc": ["body", "arguments"],
-                            "msg": "too large: keep routing key and arguments under 2 kB",
-                            "type": "value_error",
-                        }
-                    ],
-                ) from None
-            raise
+            raise (_too_large(exc) or exc) from None
         if new_id is not None:
             return int(new_id), True
-        old_id = (await conn.execute(existing)).scalar()
+        old_id = (await conn.execute(_FIND_BINDING, values)).scalar()
+        if old_id is not None:
+            return int(old_id), False
+        # The identical binding was deleted between our two statements: try again.
+    raise PreconditionFailed("the binding is being created and deleted concurrently")
+
+
+#: lock_binding_ends and create_binding's INSERT in ONE statement, for an autocommit
+#: connection: no round trip between the insert (whose trigger bumps the exchange's
+#: routing_version, a row lock every bind to that exchange waits for) and the commit. The
+#: ends are locked in the one order (queue, then exchange: the select list's subqueries run
+#: in order; the CTE is evaluated once, before the INSERT reads it). The caller checks the
+#: arguments first: only arguments valid for every exchange type may come this way.
+_BIND = text(
+    """
+WITH ends AS MATERIALIZED (
+    SELECT (SELECT id FROM queues WHERE name = :queue FOR KEY SHARE) AS queue_id,
+           (SELECT id FROM exchanges WHERE name = :exchange FOR KEY SHARE) AS exchange_id
+), inserted AS (
+    INSERT INTO bindings (exchange_id, queue_id, routing_key, arguments)
+    SELECT exchange_id, queue_id, :routing_key, CAST(:arguments AS jsonb)
+    FROM ends WHERE queue_id IS NOT NULL AND exchange_id IS NOT NULL
+    ON CONFLICT ON CONSTRAINT uq_bindings_exchange_id_queue_id_routing_key_arguments DO NOTHING
+    RETURNING id
+)
+SELECT ends.queue_id, ends.exchange_id, (SELECT id FROM inserted) AS new_id FROM ends
+"""
+).bindparams(bindparam("arguments", type_=JSONB))
+
+
+_BIND_HOT = Statement(_BIND)
+_FIND_BINDING_HOT = Statement(
+    text(
+        """
+SELECT id FROM bindings
+WHERE exchange_id = :exchange_id AND queue_id = :queue_id AND routing_key = :routing_key
+  AND arguments = CAST(:arguments AS jsonb)
+"""
+    )
+)
+
+
+async def bind(
+    hot: HotPath, exchange: str, queue: str, *, routing_key: str, arguments: dict[str, Any]
+) -> tuple[int, bool]:
+    """Bind in one statement per attempt, on the hot path's executor: (binding id, created).
+
+    Raises NotFound (the exchange is reported first), ValidationFailed when too large.
+    """
+    params = {"queue": queue, "exchange": exchange, "routing_key": routing_key}
+    for _ in range(_DECLARE_ATTEMPTS):
+        async with hot.connection() as conn:
+            try:
+                row = await conn.fetchrow(
+                    _BIND_HOT.sql, *_BIND_HOT.args({**params, "arguments": arguments})
+                )
+            except asyncpg.PostgresError as exc:
+                raise (_too_large(exc) or exc) from None
+        if row["exchange_id"] is None:
+            raise NotFound(f"exchange '{exchange}' not found")
+        if row["queue_id"] is None:
+            raise NotFound(f"queue '{queue}' not found")
+        if row["new_id"] is not None:
+            return int(row["new_id"]), True
+        found = {
+            "exchange_id": row["exchange_id"],
+            "queue_id": row["queue_id"],
+            "routing_key": routing_key,
+            "arguments": arguments,
+        }
+        old_id = await hot.fetchval(_FIND_BINDING_HOT, found)
         if old_id is not None:
             return int(old_id), False
         # The identical binding was deleted between our two statements: try again.

@@ -89,6 +89,46 @@ async def test_list_queues_reads_stats_of_a_whole_page_in_one_statement(
     assert len(large) == len(small) <= 2
 
 
+async def test_a_new_queue_and_its_binding_are_one_statement_each(
+    db: Database, topology: TopologyService
+) -> None:
+    """The per-request cost of declaring many queues (issue 19, "Many resources"): each is
+    one statement on the hot path's executor, with no BEGIN/COMMIT round trips and nothing
+    through the SQLAlchemy engine."""
+    await topology.declare_exchange(ADMIN, Exchange("ex", ExchangeType.TOPIC))
+    hot: list[str] = []
+    connection = db.hot.connection
+
+    def spy(method: Any) -> Any:
+        def spied(*args: Any, **kwargs: Any) -> Any:
+            hot.append(method.__name__)
+            return method(*args, **kwargs)
+
+        return spied
+
+    db.hot.connection = spy(connection)  # type: ignore[method-assign]
+    try:
+        with counting_statements(db) as engine_statements:
+            _, created = await topology.declare_queue(ADMIN, Queue("q"))
+            binding, bound = await topology.create_binding(
+                ADMIN, exchange="ex", queue="q", routing_key="a.#"
+            )
+    finally:
+        del db.hot.connection
+    assert (created, bound) == (True, True)
+    # One pooled connection each, one statement on it (store.create_queue, store.bind).
+    assert (engine_statements, hot) == ([], ["connection", "connection"])
+    # The same again: found, not created, with the stored objects.
+    again, created = await topology.declare_queue(ADMIN, Queue("q"))
+    same, bound = await topology.create_binding(ADMIN, exchange="ex", queue="q", routing_key="a.#")
+    assert (created, bound, same, again.queue) == (False, False, binding, Queue("q"))
+    # A missing exchange is reported before a missing queue, as before.
+    with pytest.raises(NotFound, match="'ghost'"):
+        await topology.create_binding(ADMIN, exchange="ghost", queue="phantom")
+    with pytest.raises(NotFound, match="'phantom'"):
+        await topology.create_binding(ADMIN, exchange="ex", queue="phantom")
+
+
 async def test_queue_deleted_listeners_run_after_commit(
     db: Database, topology: TopologyService
 ) -> None:
