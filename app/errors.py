@@ -70,6 +70,13 @@ class ValidationFailed(BrokerError):
         super().__init__(message)
         self.errors = errors or []
 
+    @classmethod
+    def on_field(cls, field: str, message: str, msg: str | None = None) -> ValidationFailed:
+        """One field of the request body is wrong: ``message`` as the detail, ``msg``
+        (default: the same) as its entry in ``errors``."""
+        entry = {"loc": ["body", field], "msg": msg or message, "type": "value_error"}
+        return cls(message, errors=[entry])
+
 
 class Unroutable(BrokerError):
     """The message is mandatory and matched no queue; nothing was stored."""

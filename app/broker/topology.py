@@ -180,15 +180,8 @@ class TopologyService:
         A dead-letter queue needs write permission on it: dead-lettering writes there.
         """
         if queue.dead_letter_queue == queue.name:
-            raise ValidationFailed(
-                "a queue cannot be its own dead-letter queue",
-                errors=[
-                    {
-                        "loc": ["body", "dead_letter_queue"],
-                        "msg": "a queue cannot be its own dead-letter queue",
-                        "type": "value_error",
-                    }
-                ],
+            raise ValidationFailed.on_field(
+                "dead_letter_queue", "a queue cannot be its own dead-letter queue"
             )
         _refuse_reserved(queue.name, "queue")
         require(user, Access.CONFIGURE, queue.name, "queue")
@@ -294,10 +287,7 @@ class TopologyService:
             try:
                 check_binding_arguments(ends.exchange_type, arguments)
             except ValueError as exc:
-                raise ValidationFailed(
-                    str(exc),
-                    errors=[{"loc": ["body", "arguments"], "msg": str(exc), "type": "value_error"}],
-                ) from None
+                raise ValidationFailed.on_field("arguments", str(exc)) from None
             binding_id, created = await store.create_binding(
                 conn, ends, routing_key=routing_key, arguments=arguments
             )

@@ -547,15 +547,10 @@ def _too_large(exc: Exception) -> ValidationFailed | None:
     """The unique index holds key and arguments; PostgreSQL caps an index row's size."""
     if sqlstate(exc) != PROGRAM_LIMIT_EXCEEDED:
         return None
-    return ValidationFailed(
+    return ValidationFailed.on_field(
+        "arguments",
         "the binding's arguments are too large",
-        errors=[
-            {
-                "loc": ["body", "arguments"],
-                "msg": "too large: keep routing key and arguments under 2 kB",
-                "type": "value_error",
-            }
-        ],
+        "too large: keep routing key and arguments under 2 kB",
     )
 
 
