@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.auth.permissions import Access, allows_any, require, require_any
+from app.domain.arguments import (
+    check_dead_letter_target,
+    parse_exchange_arguments,
+    parse_queue_arguments,
+)
 from app.domain.model import (
     BUILTIN_EXCHANGES,
     RESERVED_PREFIX,
@@ -133,6 +138,7 @@ class TopologyService:
 
     async def declare_exchange(self, user: User, exchange: Exchange) -> tuple[Exchange, bool]:
         """Create the exchange, or find an identical one: (exchange, created)."""
+        parse_exchange_arguments(exchange.arguments)
         _refuse_reserved(exchange.name, "exchange")
         require(user, Access.CONFIGURE, exchange.name, "exchange")
         async with self.db.transaction() as conn:
@@ -183,6 +189,7 @@ class TopologyService:
             raise ValidationFailed.on_field(
                 "dead_letter_queue", "a queue cannot be its own dead-letter queue"
             )
+        check_dead_letter_target(parse_queue_arguments(queue.arguments), queue.dead_letter_queue)
         _refuse_reserved(queue.name, "queue")
         require(user, Access.CONFIGURE, queue.name, "queue")
         if queue.dead_letter_queue is not None:

@@ -30,6 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from app.api import codec
 from app.api.schemas.common import StrictModel
 from app.api.shortcut import FastDecoder
+from app.domain.arguments import MAX_PRIORITY, expiration_problem
 from app.domain.model import MAX_DELAY_MS, NAME_PATTERN, BrowseStatus, OutgoingMessage
 
 MAX_BATCH = 1000
@@ -73,6 +74,13 @@ def _storable_text(value: str) -> str:
     return value
 
 
+def _expiration(value: str) -> str:
+    problem = expiration_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 #: A string stored in a ``text`` column (routing keys, property values).
 StorableText = Annotated[str, AfterValidator(_storable_text)]
 
@@ -87,8 +95,29 @@ class MessageProperties(StrictModel):
     correlation_id: StorableText | None = None
     reply_to: StorableText | None = None
     content_type: StorableText | None = None
+    priority: Annotated[
+        StrictInt | None,
+        Field(
+            ge=0,
+            le=MAX_PRIORITY,
+            description=(
+                "0-255; claim order in a queue with x-max-priority (above its maximum counts "
+                "as the maximum), stored and ignored elsewhere"
+            ),
+        ),
+    ] = None
+    expiration: Annotated[
+        Annotated[str, AfterValidator(_expiration)] | None,
+        Field(
+            description=(
+                "Time to live in ms as a string of decimal digits (0-4294967295), as in AMQP; "
+                "the smaller of this and the queue's x-message-ttl applies"
+            ),
+            pattern=r"^[0-9]+$",
+        ),
+    ] = None
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | int]:
         """The properties that were given a value (``null`` means not given)."""
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
@@ -191,7 +220,7 @@ class PublishBody(StrictModel):
             properties=properties,
             delay_ms=self.delay_ms,
             mandatory=self.mandatory,
-            message_id=properties.get("message_id", ""),
+            message_id=str(properties.get("message_id", "")),
         )
 
 
@@ -212,7 +241,8 @@ class PublishBatch(StrictModel):
 # agree). It saves ~15 µs of model building per message (1.9 ms per batch of 100).
 
 _ITEM_KEYS = frozenset(PublishBody.model_fields)
-_PROPERTY_KEYS = frozenset(MessageProperties.model_fields)
+#: The string properties; ``priority`` and ``expiration`` are left to the model.
+_PROPERTY_KEYS = frozenset(MessageProperties.model_fields) - {"priority", "expiration"}
 
 
 def _plain_text(value: Any) -> bool:
