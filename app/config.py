@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     #: RabbitMQ's Web STOMP and Web MQTT: it costs the broker about a quarter more CPU per
     #: delivered message (docs/performance.md), and clients offer it by default.
     ws_compression: bool = False
+    #: a WebSocket that sent nothing for this long is pinged (0: never); one that does not
+    #: answer within ``ws_ping_timeout_seconds`` is closed (1011) and its deliveries released
+    ws_ping_interval_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    ws_ping_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 20.0
 
     @field_validator("database_url")
     @classmethod

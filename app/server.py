@@ -34,7 +34,7 @@ from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY, WRITE_BUFFER
 log = logging.getLogger("messagex")
 
 #: The uvicorn and websockets this adapter is written against, as major.minor. It subclasses
-#: uvicorn's sans-I/O WebSocket protocol (six methods overridden, a dozen private attributes
+#: uvicorn's sans-I/O WebSocket protocol (eight methods overridden, a dozen private attributes
 #: read) and frames with websockets' protocol objects: none of that is a public API, and a
 #: newer release may change it without notice. pyproject.toml pins the same minor versions and
 #: tests/unit/test_server_versions.py fails when the installed ones differ: to upgrade, read
@@ -106,9 +106,13 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
       waits for the write buffer to drain, which never happens, so the socket would stay open
       for as long as the peer keeps its window shut.
     - ``WRITE_BUFFER``: ``size()``, the bytes written and not yet sent.
+
+    And its keep-alive pings only a peer that sent nothing for the whole ping interval
+    (``send_keepalive_ping``).
     """
 
     _texts: list[str] | None = None  # while handle_events runs: text frames not handed over
+    _heard_at = 0.0  # loop time of the last bytes received (the keep-alive ping skips a talker)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if isinstance(transport, CoalescingTransport):  # upgraded from our HTTP protocol
@@ -134,6 +138,25 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions = getattr(self, "scope", {}).get("extensions", {})
             for name in (SEND_MANY, RECEIVE_MANY, ABORT, WRITE_BUFFER):
                 extensions.pop(name, None)
+
+    def data_received(self, data: bytes) -> None:
+        self._heard_at = self.loop.time()
+        super().data_received(data)
+
+    def send_keepalive_ping(self) -> None:
+        # A peer heard from within the interval is alive (a browser client's own PING frames,
+        # every 25 s, or any other frame): no ping, only a new timer for the rest of the
+        # interval. Idle sockets by the ten thousand cost a ping each per interval, and a
+        # ping's write and its pong's read were half of an idle broker's CPU
+        # (docs/performance.md, "Scale"). A timer due within a second pings: it is the one
+        # that the last pong's arrival set (``handle_pong``), not a quiet time left.
+        interval = self.ping_interval
+        if interval is not None and not self.close_sent and not self.transport.is_closing():
+            left = self._heard_at + interval - self.loop.time()
+            if left > 1.0:
+                self.ping_timer = self.loop.call_later(left, self.send_keepalive_ping)
+                return
+        super().send_keepalive_ping()
 
     def abort(self) -> None:
         self.transport.abort()
@@ -328,6 +351,8 @@ def server_config(
         ws=BatchingWebSocketProtocol,
         ws_max_size=settings.ws_max_frame_bytes,
         ws_per_message_deflate=settings.ws_compression,
+        ws_ping_interval=settings.ws_ping_interval_seconds or None,
+        ws_ping_timeout=settings.ws_ping_timeout_seconds,
         lifespan="on",
         timeout_graceful_shutdown=10,
     )

@@ -352,9 +352,12 @@ class PostgresSampler:
     0.2 s in the MessageX and ceiling scenarios only, as RabbitMQ's meters are not polled.
     """
 
-    def __init__(self, postmaster: int, dbname: str) -> None:
+    def __init__(self, postmaster: int, dbname: str, *, backends_only: bool = False) -> None:
+        """``backends_only``: the bench database's client backends alone, without the shared
+        background processes (which on a shared server also work for other clients)."""
         self.postmaster = postmaster
         self.marker = f" {dbname} "
+        self.backends_only = backends_only
         #: (pid, start time) -> whether the process is counted
         self._counted: dict[tuple[int, int], bool] = {}
         self._proc = Path(f"/proc/{postmaster}/task").is_dir()
@@ -389,6 +392,8 @@ class PostgresSampler:
     def _counts(self, title: str | None) -> bool:
         if title is None:
             return False
+        if self.backends_only:
+            return self.marker in title and _CLIENT_BACKEND.search(title) is not None
         return not _CLIENT_BACKEND.search(title) or self.marker in title
 
     def _psutil_sample(self) -> Sample:

@@ -35,7 +35,7 @@ import orjson
 import psutil
 
 from app.runtime import raise_open_files_limit
-from bench.infra import BrokerProcess, Meters
+from bench.infra import BrokerProcess, Meters, PostgresSampler
 from bench.mx import EXCHANGE, Mx, RawHttp
 from bench.stats import (
     BenchError,
@@ -110,7 +110,16 @@ class Scale:
         return pair[1] if self.smoke else pair[0]
 
     def meters(self) -> Meters:
-        return self.run.mx_meters(self.broker)
+        """The broker's and PostgreSQL's CPU, and apart from the latter the bench database's
+        own backends (``postgres_backends``: without the server's shared background
+        processes, which on a shared server also work for other clients)."""
+        meters = self.run.mx_meters(self.broker)
+        pg = self.run.pg
+        if pg is not None and pg.info.get("postmaster_pid"):
+            sampler = PostgresSampler(pg.info["postmaster_pid"], pg.dbname, backends_only=True)
+            meters.samplers["postgres_backends"] = sampler
+            meters.polled = meters.polled | {"postgres_backends"}
+        return meters
 
     def step(self, what: str, since: float) -> None:
         print(f"  {what}: {time.monotonic() - since:.1f} s", file=sys.stderr, flush=True)
@@ -189,6 +198,7 @@ class Scale:
             result = throughput_result("scale", name, params, sink, started, status)
             result.rate = None
             result.extra["idle_cpu_percent"] = cpu
+            result.extra["idle_cpu_seconds"] = meters.per_1k(1000)
             result.extra["idle_server_cpu_percent"] = _sum(cpu.get("broker"), cpu.get("postgres"))
             result.extra["broker_rss_mib"] = rss
             return result

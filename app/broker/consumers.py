@@ -59,22 +59,47 @@ class ConsumerRegistry:
         self.outlets: dict[str, Outlet] = {}
         #: the session each token-authenticated connection rides on (connection id → digest)
         self.token_digests: dict[str, bytes] = {}
+        #: subscriptions that were handed a tag since they were last seen holding none: a
+        #: superset of those with unsettled deliveries, so that the periodic round costs what
+        #: is held, not what is subscribed (``holding_connections``)
+        self._holders: set[Subscription] = set()
+        #: the connections of each user (username → connection id → outlet)
+        self.by_user: dict[str, dict[str, Outlet]] = {}
+        #: connections whose credentials no periodic re-check has looked at yet
+        #: (broker/credentials.py takes them)
+        self.unchecked: set[str] = set()
 
     def add_outlet(self, outlet: Outlet, token_digest: bytes | None = None) -> None:
         self.outlets[outlet.id] = outlet
+        self.by_user.setdefault(outlet.user.username, {})[outlet.id] = outlet
+        self.unchecked.add(outlet.id)
         if token_digest is not None:
             self.token_digests[outlet.id] = token_digest
 
     def remove_outlet(self, connection_id: str) -> None:
-        self.outlets.pop(connection_id, None)
+        outlet = self.outlets.pop(connection_id, None)
+        if outlet is not None:
+            mine = self.by_user.get(outlet.user.username, {})
+            mine.pop(connection_id, None)
+            if not mine:
+                self.by_user.pop(outlet.user.username, None)
+        self.unchecked.discard(connection_id)
         self.token_digests.pop(connection_id, None)
 
     def add(self, sub: Subscription) -> None:
         self._by_queue.setdefault(sub.queue_id, []).append(sub)
         self._by_connection.setdefault(sub.outlet.id, {})[sub.queue_id] = sub
+        if sub.unsettled:
+            self._holders.add(sub)
+
+    def holds(self, sub: Subscription) -> None:
+        """``sub`` was given unsettled tags: every path that adds to ``sub.unsettled`` says so,
+        or the periodic reconciliation would not see them."""
+        self._holders.add(sub)
 
     def remove(self, sub: Subscription) -> None:
         sub.active = False
+        self._holders.discard(sub)
         subs = self._by_queue.get(sub.queue_id, [])
         if sub in subs:
             subs.remove(sub)
@@ -104,12 +129,15 @@ class ConsumerRegistry:
         return any(s.credit > 0 for s in self._by_queue.get(queue_id, ()))
 
     def holding_connections(self) -> list[str]:
-        """Connections with unsettled deliveries on some subscription."""
-        return [
-            conn_id
-            for conn_id, subs in self._by_connection.items()
-            if any(sub.unsettled for sub in subs.values())
-        ]
+        """Connections with unsettled deliveries on some subscription (in the order their
+        subscriptions were first seen holding); forgets the subscriptions that hold none now."""
+        owners: dict[str, None] = {}
+        for sub in list(self._holders):
+            if sub.unsettled and self.get(sub.outlet.id, sub.queue_id) is sub:
+                owners[sub.outlet.id] = None
+            else:
+                self._holders.discard(sub)
+        return list(owners)
 
     def queue_ids(self) -> list[int]:
         return list(self._by_queue)

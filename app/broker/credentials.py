@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from app.auth.permissions import Access, allows
-from app.broker.consumers import ConsumerRegistry, Subscription
+from app.broker.consumers import ConsumerRegistry, Outlet, Subscription
+from app.domain.model import User
 from app.storage import liveness
 from app.storage.database import Database
 
@@ -20,6 +21,11 @@ LIVENESS_SECONDS = 2.0
 
 
 class CredentialChecks:
+    """The periodic round costs what changed, not what is connected: one statement for the
+    connected users' rows, and only the connections of a user whose row changed since the
+    last round (or that no round has seen yet) are walked. A connection checked against a
+    row stays valid for as long as that row does, since nothing else changes what it holds."""
+
     def __init__(
         self,
         db: Database,
@@ -29,6 +35,8 @@ class CredentialChecks:
         self.db = db
         self.registry = registry
         self.end_subscription = end_subscription
+        #: each connected user's row (and password hash) as the last check saw it
+        self.seen: dict[str, tuple[User, str] | None] = {}
 
     async def check(self) -> None:
         """The periodic round: every live session, then every connected user."""
@@ -37,9 +45,10 @@ class CredentialChecks:
             async with self.db.transaction() as conn:
                 live = await liveness.live_sessions(conn, list(digests))
             self.close_sessions(digests - live)
-        names = {o.user.username for o in self.registry.outlets.values()}
-        if names:
-            await self.recheck_users(sorted(names))
+        for gone in set(self.seen) - self.registry.by_user.keys():
+            del self.seen[gone]
+        if self.registry.by_user:
+            await self.recheck_users(sorted(self.registry.by_user), changed_only=True)
 
     def close_sessions(self, digests: set[bytes]) -> None:
         if not digests:
@@ -49,24 +58,44 @@ class CredentialChecks:
             if digest in digests and outlet is not None:
                 outlet.close(4401, "session expired or revoked")
 
-    async def recheck_users(self, names: Sequence[str]) -> None:
+    async def recheck_users(self, names: Sequence[str], *, changed_only: bool = False) -> None:
+        """Check the connections of ``names`` against their rows now: all of them, or with
+        ``changed_only`` only those of a user whose row differs from the last one seen, and
+        those that no check has seen yet."""
+        # Only connections made before the statement can be judged by it.
+        wanted = set(names)
+        outlets = self.registry.outlets
+        unchecked = {
+            i
+            for i in self.registry.unchecked
+            if i in outlets and outlets[i].user.username in wanted
+        }
         async with self.db.transaction() as conn:
             current = await liveness.users(conn, names)
-        for outlet in list(self.registry.outlets.values()):
-            if outlet.user.username not in names:
-                continue
-            found = current.get(outlet.user.username)
-            if found is None:
-                outlet.close(4401, "user deleted")
-                continue
-            user, password_hash = found
-            if outlet.password_hash is not None and outlet.password_hash != password_hash:
-                # (also after a rehash to new Argon2 parameters: the client reconnects with
-                # the same password; docs/reliability.md)
-                outlet.close(4401, "password changed")
-                continue
-            outlet.user = user
-            for sub in self.registry.of_connection(outlet.id):
-                if not allows(user, Access.READ, sub.queue_name):
-                    await self.end_subscription(sub)
-                    outlet.cancel(sub.queue_name, "forbidden")
+        self.registry.unchecked -= unchecked
+        for name in names:
+            found = current.get(name)
+            mine = self.registry.by_user.get(name, {})
+            if changed_only and name in self.seen and self.seen[name] == found:
+                walk = [mine[i] for i in unchecked.intersection(mine)]
+            else:
+                walk = list(mine.values())
+            self.seen[name] = found
+            for outlet in walk:
+                await self._recheck(outlet, found)
+
+    async def _recheck(self, outlet: Outlet, found: tuple[User, str] | None) -> None:
+        if found is None:
+            outlet.close(4401, "user deleted")
+            return
+        user, password_hash = found
+        if outlet.password_hash is not None and outlet.password_hash != password_hash:
+            # (also after a rehash to new Argon2 parameters: the client reconnects with
+            # the same password; docs/reliability.md)
+            outlet.close(4401, "password changed")
+            return
+        outlet.user = user
+        for sub in self.registry.of_connection(outlet.id):
+            if not allows(user, Access.READ, sub.queue_name):
+                await self.end_subscription(sub)
+                outlet.cancel(sub.queue_name, "forbidden")

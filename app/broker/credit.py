@@ -60,6 +60,7 @@ class Credit:
                 for tag, sub in held:
                     if sub.active:
                         sub.unsettled.add(tag)
+                        self.registry.holds(sub)
                 done([], exc)
                 return
             queue_ids = f.result()

@@ -264,6 +264,7 @@ class Dispatcher:
             grouped[id(sub)].append(item)
             batches[id(sub)] = (sub, grouped[id(sub)])
         for sub, items in batches.values():
+            self.registry.holds(sub)
             sub.outlet.deliver(sub, items)
         self.registry.advance(queue_id, len(claimed))
         if claimed:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from app.storage.dsn import asyncpg_dsn
+from tests.faults.harness import sql
 from tests.support import (
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -838,6 +839,38 @@ def test_withdrawing_read_permission_cancels_the_subscription(
         assert_error(ws.request({"type": "SUBSCRIBE", "queue": lose}), "forbidden")
         assert stats(adm, lose)["consumers"] == 0
         assert stats(adm, keep)["consumers"] == 1
+
+
+def test_a_change_no_event_announced_is_applied_by_the_periodic_check(
+    srv: LiveServer, adm: httpx.Client, q: str
+) -> None:
+    """A permission withdrawn by SQL (an operator's, or one whose cluster event was lost)
+    reaches live sockets through the 2 s re-check: those the last round saw, and one that
+    connected after that round, by the Basic cache's copy of the old permissions, which the
+    round walks even though the user's row did not change again since."""
+    name = fresh("u")
+    make_user(adm, name, PASSWORD, read=".*")
+    url = srv.settings.database_url
+    assert url is not None
+    with WsClient.as_user(srv.ws_url, name, PASSWORD) as early:
+        early.subscribe(q)
+        started = time.monotonic()
+        sql(url, "UPDATE broker_users SET perm_read = '^nothing$' WHERE username = $1", name)
+        cancelled = early.expect("SUBSCRIPTION_CANCELLED", 6)
+        assert cancelled["reason"] == "forbidden"
+        assert time.monotonic() - started <= 5.5
+        # within the Basic cache's 5 s: admitted with the old permissions
+        with WsClient.as_user(srv.ws_url, name, PASSWORD) as late:
+            late.subscribe(q)
+            joined = time.monotonic()
+            cancelled = late.expect("SUBSCRIPTION_CANCELLED", 6)
+            assert cancelled == {
+                "type": "SUBSCRIPTION_CANCELLED",
+                "queue": q,
+                "reason": "forbidden",
+            }
+            assert time.monotonic() - joined <= 5.5
+    wait_for(lambda: stats(adm, q)["consumers"] == 0, 3, message="the subscriptions to go")
 
 
 def test_headers_orjson_cannot_write_do_not_strand_deliveries(

@@ -98,3 +98,24 @@ def test_a_connection_without_room_gets_nothing_and_one_with_little_gets_that_mu
     cast(FakeOutlet, some.outlet).room = 2
     assert (full.credit, some.credit) == (0, 2)
     assert names(registry.round_robin(1, 10)) == "bb"
+
+
+def test_holding_connections_are_those_with_unsettled_tags() -> None:
+    """The periodic credit reconciliation asks about these only: a subscription is found
+    when it is added with tags or given some (``holds``), and forgotten once it holds none or
+    is removed."""
+    registry = ConsumerRegistry()
+    subscribe(registry, "a", prefetch=5, in_flight=2)  # resubscribed, holding two
+    b = subscribe(registry, "b", prefetch=5)
+    c = subscribe(registry, "c", prefetch=5, queue_id=2)
+    subscribe(registry, "idle", prefetch=5, queue_id=3)
+    for sub in (b, c):
+        sub.unsettled.add(f"{sub.outlet.id}-x")
+        registry.holds(sub)
+    assert sorted(registry.holding_connections()) == ["a", "b", "c"]
+    b.unsettled.clear()  # acked
+    registry.remove(c)  # unsubscribed, its tag still unsettled
+    assert registry.holding_connections() == ["a"]
+    b.unsettled.add("b-y")
+    registry.holds(b)
+    assert sorted(registry.holding_connections()) == ["a", "b"]
