@@ -76,8 +76,8 @@ class Settings(BaseSettings):
     #: at most this many bindings are kept compiled per broker process (least recently
     #: published-to exchanges dropped first); 0 reads every exchange's bindings per publish
     routing_cache_bindings: Annotated[int, Field(ge=0)] = 200_000
-    #: how old the message counts of ``/overview`` may be, once counting them takes over
-    #: 50 ms (a large ``messages`` table); 0 counts them for every request
+    #: how old the message counts of ``/overview`` may be once there are 100,000 messages
+    #: or more (counting them is slow); 0 counts them for every request
     overview_max_age_ms: Annotated[int, Field(ge=0)] = 5000
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1

@@ -200,10 +200,6 @@ def test_settings(database_url: str, **overrides: Any) -> Settings:
         "argon2_time_cost": 1,
         "argon2_memory_kib": 1024,
         "argon2_parallelism": 1,
-        # Counts read back right after a change: never from the overview's cache (a count
-        # slowed past 50 ms by a loaded machine would turn it on); test_overview_cache.py
-        # tests the cache.
-        "overview_max_age_ms": 0,
     }
     values.update(overrides)
     return load_settings(**values)

@@ -1,12 +1,13 @@
 """The overview's message counts: exact on a small broker, from a recent count on a big one.
 
-``slow_count=0`` stands for a messages table whose count takes longer than the threshold
-(the size that makes it so is measured in docs/performance.md, "Scale").
+``cache_from=0`` stands for a messages table past the size from which a count is slow
+(docs/performance.md, "Scale").
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -32,18 +33,27 @@ async def _add(db: Database, queue: str, ready: int) -> None:
         )
 
 
+Make = Callable[..., OverviewService]
+
+
 @pytest.fixture
-async def cached(db: Database) -> AsyncIterator[OverviewService]:
-    service = OverviewService(db, max_age=30.0, slow_count=0.0)
-    try:
-        yield service
-    finally:
+async def make(db: Database) -> AsyncIterator[Make]:
+    """OverviewService(db, **options); each is closed after the test."""
+    made: list[OverviewService] = []
+
+    def build(**options: Any) -> OverviewService:
+        made.append(OverviewService(db, **options))
+        return made[-1]
+
+    yield build
+    for service in made:
         await service.close()
 
 
-async def test_a_slow_count_is_answered_from_the_last_then_recounted(
-    db: Database, cached: OverviewService
+async def test_a_big_count_is_answered_from_the_last_then_recounted(
+    db: Database, make: Make
 ) -> None:
+    cached = make(max_age=30.0, cache_from=0)
     await _add(db, "ov-a", 2)
     first = await cached.overview(ADMIN)
     assert (first.queues, first.messages.ready) == (1, 2)
@@ -63,42 +73,33 @@ async def test_a_slow_count_is_answered_from_the_last_then_recounted(
     assert third.queues == 2
 
 
-async def test_a_fast_count_is_always_exact(db: Database) -> None:
-    service = OverviewService(db, max_age=30.0)  # the default 50 ms threshold
-    try:
-        await _add(db, "ov-a", 2)
-        assert (await service.overview(ADMIN)).messages.ready == 2
-        await _add(db, "ov-b", 3)
-        assert (await service.overview(ADMIN)).messages.ready == 5
-    finally:
-        await service.close()
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_age": 30.0},  # a small table (under the default 100,000 messages)
+        {"max_age": 0.0, "cache_from": 0},  # max age 0: never from the last count
+    ],
+    ids=["small-table", "max-age-0"],
+)
+async def test_counted_for_every_request(db: Database, make: Make, options: dict[str, Any]) -> None:
+    service = make(**options)
+    await _add(db, "ov-a", 2)
+    assert (await service.overview(ADMIN)).messages.ready == 2
+    await _add(db, "ov-b", 3)
+    assert (await service.overview(ADMIN)).messages.ready == 5
 
 
-async def test_max_age_zero_counts_every_time(db: Database) -> None:
-    service = OverviewService(db, max_age=0.0, slow_count=0.0)
-    try:
-        await _add(db, "ov-a", 2)
-        assert (await service.overview(ADMIN)).messages.ready == 2
-        await _add(db, "ov-b", 3)
-        assert (await service.overview(ADMIN)).messages.ready == 5
-    finally:
-        await service.close()
+async def test_a_count_older_than_max_age_is_not_answered(db: Database, make: Make) -> None:
+    service = make(max_age=0.2, cache_from=0)
+    await _add(db, "ov-a", 2)
+    assert (await service.overview(ADMIN)).messages.ready == 2
+    await _add(db, "ov-b", 3)
 
+    # Within 0.2 s the last count may be answered; after it, never: the first answer with
+    # the new count comes before any background recount could (1 s).
+    async def exact() -> Overview | None:
+        o = await service.overview(ADMIN)
+        return o if o.messages.ready == 5 else None
 
-async def test_a_count_older_than_max_age_is_not_answered(db: Database) -> None:
-    service = OverviewService(db, max_age=0.2, slow_count=0.0)
-    try:
-        await _add(db, "ov-a", 2)
-        assert (await service.overview(ADMIN)).messages.ready == 2
-        await _add(db, "ov-b", 3)
-
-        # Within 0.2 s the last count may be answered; after it, never: the first answer
-        # with the new count comes before any background recount could (1 s).
-        async def exact() -> Overview | None:
-            o = await service.overview(ADMIN)
-            return o if o.messages.ready == 5 else None
-
-        await async_wait_for(exact, timeout=10, message="a count after max_age")
-        assert service._refresh is None  # counted in the request, not in the background
-    finally:
-        await service.close()
+    await async_wait_for(exact, timeout=10, message="a count after max_age")
+    assert service._refresh is None  # counted in the request, not in the background
