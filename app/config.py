@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     #: at most this many bindings are kept compiled per broker process (least recently
     #: published-to exchanges dropped first); 0 reads every exchange's bindings per publish
     routing_cache_bindings: Annotated[int, Field(ge=0)] = 200_000
+    #: how old the message counts of ``/overview`` may be once there are 100,000 messages
+    #: or more (counting them is slow); 0 counts them for every request
+    overview_max_age_ms: Annotated[int, Field(ge=0)] = 5000
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);

@@ -393,6 +393,7 @@ class Run:
             c.overview[0],
             c.overview[1],
             c.deadline,
+            self.mx_meters(),
         )
         deadline = max(c.deadline, 600.0)
 

@@ -69,8 +69,12 @@ class RawHttp:
 
     @staticmethod
     def post_request(port: int, authorization: str, path: str, body: bytes) -> bytes:
+        return RawHttp.request("POST", port, authorization, path, body)
+
+    @staticmethod
+    def request(method: str, port: int, authorization: str, path: str, body: bytes) -> bytes:
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Authorization: {authorization}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         )
@@ -92,7 +96,8 @@ class RawHttp:
         body = await self.reader.readexactly(length)
         if not head.startswith(b"HTTP/1.1 %d" % expect):
             status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
-            raise BenchError(f"POST {request.split(b' ', 2)[1]!r} → {status_line}: {body[:300]!r}")
+            method, path = request.split(b" ", 2)[:2]
+            raise BenchError(f"{method.decode()} {path!r} → {status_line}: {body[:300]!r}")
         return body
 
     def close(self) -> None:
@@ -180,7 +185,11 @@ class Mx:
 
     def post(self, path: str, body: bytes) -> bytes:
         """A ready-to-send ``POST /api/v1{path}`` for RawHttp."""
-        return RawHttp.post_request(self.port, self.authorization, "/api/v1" + path, body)
+        return self.raw("POST", path, body)
+
+    def raw(self, method: str, path: str, body: bytes) -> bytes:
+        """A ready-to-send ``{method} /api/v1{path}`` for RawHttp."""
+        return RawHttp.request(method, self.port, self.authorization, "/api/v1" + path, body)
 
     async def publisher(self, queue: str, seqs: range, mode: str) -> None:
         """Publish ``seqs`` over one keep-alive connection (RawHttp: the load generator must

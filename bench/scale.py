@@ -30,6 +30,7 @@ import asyncpg
 import orjson
 
 from bench import mx
+from bench.infra import Meters
 from bench.stats import BenchError, Result, latency_summary, now_ns
 
 #: the non-matching bindings of each exchange go to this many sink queues
@@ -75,6 +76,8 @@ class Settings:
     overview_messages: int
     overview_queues: int
     deadline: float
+    #: CPU of the broker, PostgreSQL and this client, for the declare scenario
+    meters: Meters | None = None
 
 
 # ----------------------------------------------------------------------------- bindings
@@ -255,23 +258,45 @@ def add_ratios(results: list[Result]) -> None:
 
 
 async def declare_queues(s: Settings, n: int) -> Result:
-    """n queues declared and bound through the API by DECLARERS clients at once."""
+    """n queues declared and bound through the API by DECLARERS clients at once, each over
+    a keep-alive connection of its own (RawHttp: httpx's client spent more CPU per request
+    than the broker, on the same two cores). CPU per declare + bind pair, by process, in
+    ``extra.cpu_ms_per_pair``."""
     exchange = mx.unique("scale.declare")
     await s.mx.call("PUT", f"/exchanges/{exchange}", {"type": "topic"})
     names = [f"scale-q-{i:07d}" for i in range(n)]
     durations: list[int] = []
 
     async def declarer(share: list[str]) -> None:
-        for name in share:
-            t0 = now_ns()
-            await s.mx.call("PUT", f"/queues/{name}", {})
-            body = {"exchange": exchange, "queue": name, "routing_key": f"{name}.#"}
-            await s.mx.call("POST", "/bindings", body)
-            durations.append(now_ns() - t0)
+        http = await mx.RawHttp.open(s.mx.port)
+        try:
+            for name in share:
+                bind = orjson.dumps(
+                    {"exchange": exchange, "queue": name, "routing_key": f"{name}.#"}
+                )
+                declare = s.mx.raw("PUT", f"/queues/{name}", b"{}")
+                t0 = now_ns()
+                await http.send(declare, expect=201)
+                await http.send(s.mx.raw("POST", "/bindings", bind), expect=201)
+                durations.append(now_ns() - t0)
+        finally:
+            http.close()
 
+    if s.meters is not None:
+        s.meters.start()
     started = time.monotonic()
-    await asyncio.gather(*(declarer(names[i::DECLARERS]) for i in range(DECLARERS)))
-    elapsed = time.monotonic() - started
+    try:
+        await asyncio.gather(*(declarer(names[i::DECLARERS]) for i in range(DECLARERS)))
+    finally:
+        elapsed = time.monotonic() - started
+        if s.meters is not None:
+            s.meters.stop()
+    extra: dict[str, Any] = {
+        "what": "latency: one PUT /queues + POST /bindings; elapsed: all of them"
+    }
+    if s.meters is not None:
+        # CPU seconds per 1,000 pairs = CPU milliseconds per pair
+        extra["cpu_ms_per_pair"] = s.meters.per_1k(n)
     return Result(
         group="scale",
         name=f"mx declare queues={n}",
@@ -280,7 +305,7 @@ async def declare_queues(s: Settings, n: int) -> Result:
         elapsed_s=round(elapsed, 2),
         rate=round(n / elapsed, 1),
         latency_ms=latency_summary(durations),
-        extra={"what": "latency: one PUT /queues + POST /bindings; elapsed: all of them"},
+        extra=extra,
     )
 
 

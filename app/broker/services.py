@@ -67,6 +67,7 @@ class Services:
         await self.tasks.close()
         await self.delivery.stop()
         await self.publisher.close()
+        await self.ops.close()
 
 
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:
@@ -87,7 +88,7 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
             routing_cache_bindings=settings.routing_cache_bindings,
         ),
         browser=MessageBrowser(db),
-        ops=OverviewService(db),
+        ops=OverviewService(db, max_age=settings.overview_max_age_ms / 1000),
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,

@@ -8,7 +8,9 @@ Concurrency, in one place (all transactions run at READ COMMITTED):
   uncommitted conflicting insert, and the follow-up SELECT is a new statement with a new
   snapshot, so it sees the winner. If the winner was deleted in between, the declare retries.
 - Row-lock order, everywhere: queue → exchange → binding rows. A binding insert takes
-  ``FOR KEY SHARE`` on its queue and then its exchange (the same locks its foreign keys take);
+  ``FOR KEY SHARE`` on its queue (the lock its foreign key takes) and then ``FOR NO KEY
+  UPDATE`` on its exchange (the lock its routing_version trigger takes, below, and stronger
+  than its foreign key's);
   a queue delete locks the queue ``FOR UPDATE``, then its bound exchanges ``FOR UPDATE`` (in
   id order), and only then cascades into ``bindings``; an exchange delete or binding delete
   locks the exchange first and then binding rows. One order means no deadlock between these
@@ -16,9 +18,13 @@ Concurrency, in one place (all transactions run at READ COMMITTED):
 - Every statement that adds or removes bindings (a cascade from a queue delete included)
   increments the routing_version of their exchanges, by trigger (migration 0004), in the
   same transaction: an UPDATE of the exchange row after the binding rows. A binding insert
-  holds KEY SHARE on the exchange, with which that FOR NO KEY UPDATE does not conflict; a
-  binding delete and a queue delete lock the exchanges first. Publishers rely on it to
-  keep compiled bindings (storage.queries.LOAD_ROUTES).
+  already holds that lock, taken up front: had it taken KEY SHARE first (as it did), every
+  concurrent bind to one exchange would have made a new multixact of the row's lockers and
+  its updater, and 8 clients binding to one exchange spent their time in the multixact SLRU
+  (60-73 against 149-232 binds/s, docs/performance.md "Scale"); binds to one exchange wait
+  for one another at the trigger's UPDATE either way. A binding delete and a queue delete
+  lock the exchanges first. Publishers rely on it to keep compiled bindings
+  (storage.queries.LOAD_ROUTES).
 - Checks that must hold at the moment of a delete (``if_empty``, ``if_unused``, "not a
   dead-letter queue", "last binding gone") are made after the row lock is taken, each in a
   new statement (so with a snapshot that includes every transaction that held a conflicting
@@ -506,12 +512,18 @@ def _key_share(stmt: Any) -> Any:
     return stmt.with_for_update(key_share=True, read=True).scalar_subquery()
 
 
+def _no_key_update(stmt: Any) -> Any:
+    return stmt.with_for_update(key_share=True).scalar_subquery()
+
+
 #: Both ends of a new binding locked in ONE statement: the select list's subqueries run in
 #: order, so the queue is locked before the exchange (the one lock order). The exchange's
 #: type is immutable; it is read beside the lock, from the same snapshot.
 _LOCK_BINDING_ENDS = select(
     _key_share(select(_q.c.id).where(_q.c.name == bindparam("queue"))).label("queue_id"),
-    _key_share(select(_ex.c.id).where(_ex.c.name == bindparam("exchange"))).label("exchange_id"),
+    _no_key_update(select(_ex.c.id).where(_ex.c.name == bindparam("exchange"))).label(
+        "exchange_id"
+    ),
     select(_ex.c.type)
     .where(_ex.c.name == bindparam("exchange"))
     .scalar_subquery()
@@ -520,8 +532,9 @@ _LOCK_BINDING_ENDS = select(
 
 
 async def lock_binding_ends(conn: AsyncConnection, exchange: str, queue: str) -> BindingEnds:
-    """Lock the queue, then the exchange, FOR KEY SHARE (the locks the binding's foreign keys
-    would take, in the one lock order). Raises NotFound (the exchange is reported first)."""
+    """Lock the queue FOR KEY SHARE, then the exchange FOR NO KEY UPDATE (the locks the
+    binding's foreign key and routing_version trigger would take, in the one lock order).
+    Raises NotFound (the exchange is reported first)."""
     row = (await conn.execute(_LOCK_BINDING_ENDS, {"queue": queue, "exchange": exchange})).one()
     if row.exchange_id is None:
         raise NotFound(f"exchange '{exchange}' not found")
@@ -587,8 +600,8 @@ async def create_binding(
 
 
 #: lock_binding_ends and create_binding's INSERT in ONE statement, for an autocommit
-#: connection: no round trip between the insert (whose trigger bumps the exchange's
-#: routing_version, a row lock every bind to that exchange waits for) and the commit. The
+#: connection: no round trip between the exchange's row lock (the one its routing_version
+#: trigger takes, which every bind to that exchange waits for) and the commit. The
 #: ends are locked in the one order (queue, then exchange: the select list's subqueries run
 #: in order; the CTE is evaluated once, before the INSERT reads it). The caller checks the
 #: arguments first: only arguments valid for every exchange type may come this way.
@@ -596,7 +609,7 @@ _BIND = text(
     """
 WITH ends AS MATERIALIZED (
     SELECT (SELECT id FROM queues WHERE name = :queue FOR KEY SHARE) AS queue_id,
-           (SELECT id FROM exchanges WHERE name = :exchange FOR KEY SHARE) AS exchange_id
+           (SELECT id FROM exchanges WHERE name = :exchange FOR NO KEY UPDATE) AS exchange_id
 ), inserted AS (
     INSERT INTO bindings (exchange_id, queue_id, routing_key, arguments)
     SELECT exchange_id, queue_id, :routing_key, CAST(:arguments AS jsonb)

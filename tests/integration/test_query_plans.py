@@ -16,6 +16,7 @@ PostgreSQL may switch to after five), with statistics taken by ANALYZE:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -474,3 +475,42 @@ async def test_a_queue_list_page_is_read_in_index_order(
     assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
     names = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "queues"}
     assert "uq_queues_name" in names, nodes
+
+
+async def test_the_overview_counts_scan_messages_once_and_in_background_on_one_core(
+    conn: asyncpg.Connection,
+) -> None:
+    """``/overview`` counts messages by status in one pass over the table; the count it makes
+    in the background (broker/overview.py) plans no parallel workers, even where PostgreSQL
+    would use them for the same count in a request."""
+    from app.storage import overview
+
+    async def plan(statement: Any) -> list[dict[str, Any]]:
+        raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _compiled(statement))
+        document = raw if isinstance(raw, list) else json.loads(raw)
+        return list(_nodes(document[0]["Plan"]))
+
+    def gathers(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [n for n in nodes if n["Node Type"] in ("Gather", "Gather Merge")]
+
+    async with conn.transaction():
+        # parallel plans made cheap: a table of any size would be scanned in parallel
+        for setting in (
+            "parallel_setup_cost",
+            "parallel_tuple_cost",
+            "min_parallel_table_scan_size",
+        ):
+            await conn.execute(f"SET LOCAL {setting} = 0")
+        await conn.execute("SET LOCAL max_parallel_workers_per_gather = 2")
+        in_request = await plan(overview._overview_query())
+        assert len(_scans(in_request)) == 1, in_request
+        assert gathers(in_request), in_request  # the control: parallel when allowed
+
+        capture = _Capture()
+        with contextlib.suppress(AttributeError):  # the capture gives no row back
+            await overview.message_counts_on_one_core(capture)  # type: ignore[arg-type]
+        setting, count = capture.statements
+        await conn.execute(_compiled(setting))
+        in_background = await plan(count)
+        assert len(_scans(in_background)) == 1, in_background
+        assert not gathers(in_background), in_background

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import event, text
 
@@ -14,6 +15,7 @@ from app.broker.topology import TopologyService
 from app.domain.model import Exchange, ExchangeType, Permissions, Queue, Role, User
 from app.errors import NotFound, PreconditionFailed
 from app.storage.database import Database
+from app.storage.dsn import asyncpg_dsn
 from tests.support import async_wait_for
 
 ADMIN = User("admin", Role.ADMIN, Permissions(".*", ".*", ".*"))
@@ -276,3 +278,31 @@ async def test_purge_leaves_a_message_claimed_meanwhile(
     assert await purging == 1
     stats = (await topology.get_queue(ADMIN, "q")).stats
     assert (stats.ready, stats.in_flight) == (0, 1)
+
+
+@pytest.mark.parametrize("how", ["engine", "hot"])
+async def test_a_bind_locks_its_exchange_for_its_update_up_front(
+    db: Database, database_url: str, topology: TopologyService, how: str
+) -> None:
+    """A bind takes the exchange row's FOR NO KEY UPDATE (the routing_version trigger's
+    lock) before anything else there, not KEY SHARE first: concurrent binds to one exchange
+    then never share the row, and make no multixacts (docs/performance.md, "Scale")."""
+    from app.storage import topology as store
+
+    await topology.declare_exchange(ADMIN, Exchange("x", ExchangeType.TOPIC))
+    await topology.declare_queue(ADMIN, Queue("q"))
+    if how == "hot":  # the one-statement bind's text: the same lock on the exchange
+        assert "FROM exchanges WHERE name = :exchange FOR NO KEY UPDATE" in str(store._BIND)
+        return
+    async with db.transaction() as binding:
+        await store.lock_binding_ends(binding, "x", "q")  # no binding row yet
+        other = await asyncpg.connect(asyncpg_dsn(database_url))
+        try:
+            # KEY SHARE, what the foreign key takes, is still compatible; the update is not
+            await other.fetchval("SELECT id FROM exchanges WHERE name = 'x' FOR KEY SHARE NOWAIT")
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await other.fetchval(
+                    "SELECT id FROM exchanges WHERE name = 'x' FOR NO KEY UPDATE NOWAIT"
+                )
+        finally:
+            await other.close()
