@@ -10,17 +10,16 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from app.domain.arguments import DeathReason
+
+__all__ = ["DeathReason", "Decision", "Outcome", "decide", "with_death"]
+
 
 class Outcome(StrEnum):
     REQUEUED = "requeued"
     DEAD_LETTERED = "dead_lettered"
     DEAD = "dead"
     DISCARDED = "discarded"
-
-
-class DeathReason(StrEnum):
-    DELIVERY_LIMIT = "delivery_limit"
-    REJECTED = "rejected"
 
 
 @dataclass(frozen=True, slots=True)
