@@ -18,7 +18,7 @@ from typing import Any
 
 from app.broker.limits import Limits
 from app.broker.tasks import TaskOwner
-from app.domain.retry import Decision, Outcome, decide, with_death
+from app.domain.retry import Decision, Outcome, death_headers, decide
 from app.errors import UnknownDeliveryTag
 from app.metrics import Metrics
 from app.storage import deliveries
@@ -89,14 +89,7 @@ def _sort(row: Unsettled, decision: Decision, settled: Settled, decisions: Decis
     else:
         assert decision.reason is not None
         assert row.dead_letter_queue_id is not None
-        headers = with_death(
-            row.headers,
-            queue=row.queue_name,
-            reason=decision.reason,
-            time=row.now,
-            exchange=row.exchange,
-            routing_key=row.routing_key,
-        )
+        headers = death_headers(row, queue=row.queue_name, reason=decision.reason)
         decisions.dead_letter.append((row.id, row.dead_letter_queue_id, headers))
         settled.woken_queues.add(row.dead_letter_queue_id)
 

@@ -35,7 +35,7 @@ from app import jsonexact
 from app.domain import limits
 from app.domain.arguments import DeathReason, QueueArguments, parse_queue_arguments
 from app.domain.model import OutgoingMessage
-from app.domain.retry import with_death
+from app.domain.retry import death_headers
 from app.errors import ValidationFailed
 from app.storage import deliveries, queries
 from app.storage.fastpath import HotPath, Statement
@@ -191,21 +191,8 @@ async def drop(conn: AsyncConnection, queue: QueueInfo, rows: Sequence[Row]) -> 
         await deliveries.discard(conn, [r.id for r in rows])
         done.discarded = len(rows)
         return done
-    moves = [
-        (
-            r.id,
-            target,
-            with_death(
-                r.headers,
-                queue=queue.name,
-                reason=DeathReason.MAXLEN,
-                time=r.now,
-                exchange=r.exchange,
-                routing_key=r.routing_key,
-            ),
-        )
-        for r in rows
-    ]
+    reason = DeathReason.MAXLEN
+    moves = [(r.id, target, death_headers(r, queue=queue.name, reason=reason)) for r in rows]
     await deliveries.dead_letter(conn, moves)
     done.dead_lettered = len(rows)
     done.woken.add(target)

@@ -10,7 +10,6 @@ import base64
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -19,17 +18,13 @@ import httpx
 import pytest
 
 from app.storage.dsn import asyncpg_dsn
+from tests.api import test_multiprocess
+from tests.api.test_multiprocess import start_pair
 from tests.support import (
-    ADMIN_PASSWORD,
-    ADMIN_USER,
     LiveServer,
-    PgCluster,
-    client,
     metric,
-    running_server,
     wait_for,
 )
-from tests.support import test_settings as settings_for
 from tests.wsclient import WsClient, bind, browse, declare_queue, publish, stats
 
 _names = itertools.count()
@@ -318,14 +313,8 @@ def test_websocket_published_frames_carry_rejected(url: str, adm: httpx.Client) 
 
 # -- exact under concurrency: two broker processes --------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        yield pg_cluster.url_for(name)
-    finally:
-        pg_cluster.drop_database(name)
+#: a database of the module's own, as tests/api/test_multiprocess.py makes it
+database = test_multiprocess.database
 
 
 class Sampler(threading.Thread):
@@ -361,11 +350,8 @@ class Sampler(threading.Thread):
 def test_two_processes_racing_never_pass_the_limit(database: str, overflow: str) -> None:
     q = fresh()
     with ExitStack() as stack:
-        servers = [stack.enter_context(running_server(settings_for(database))) for _ in range(2)]
-        rests = [
-            stack.enter_context(client(s.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)))
-            for s in servers
-        ]
+        pair = start_pair(stack, database)
+        rests = [pair.rest_a, pair.rest_b]
         declare_queue(rests[0], q, arguments={"x-max-length": 100, "x-overflow": overflow})
         bind(rests[0], "amq.direct", q, q)
         sampler = Sampler(database, q)
