@@ -390,3 +390,14 @@ def test_two_processes_racing_never_pass_the_limit(database: str, overflow: str)
             assert sum(rejected) == 4 * 15 * 20 - 100
         else:
             assert sum(rejected) == 0
+
+
+def test_drop_head_in_a_priority_queue_drops_in_claim_order(adm: httpx.Client) -> None:
+    """The head is what would be claimed next: the highest priority first."""
+    q = fresh()
+    declare_queue(adm, q, arguments={"x-max-priority": 9, "x-max-length": 2})
+    for body, priority in [("p1", 1), ("p5", 5), ("p3", 3)]:
+        publish(adm, q, body, properties={"priority": priority})
+    assert bodies(adm, q) == ["p1", "p3"]
+    got = adm.post(f"/queues/{q}/get", json={"max_messages": 2}).json()
+    assert [m["body"] for m in got["messages"]] == ["p3", "p1"]
