@@ -133,6 +133,7 @@ async def mx_claim(run: Run, priority: bool) -> Result:
         await conn.execute("ANALYZE messages", timeout=FILL_TIMEOUT_S)
         fill_s = time.monotonic() - started
         measured = await _http_get(s.mx, queue, run.cfg.probes, publish=False)
+        measured["sql_claim_ms"] = await _sql_claim(conn, queue_id, run.cfg.probes)
         label = "x-max-priority=9" if priority else "plain"
         result = Result(
             group=GROUP,
@@ -141,11 +142,41 @@ async def mx_claim(run: Run, priority: bool) -> Result:
             messages=(measured["latency"] or {}).get("n", 0),
             latency_ms=measured["latency"],
         )
-        result.extra.update(ack_ms=measured["ack_ms"], fill_s=round(fill_s, 2))
+        result.extra.update(
+            ack_ms=measured["ack_ms"],
+            sql_claim_ms=measured["sql_claim_ms"],
+            fill_s=round(fill_s, 2),
+        )
         return result
     finally:
+        # The filled queue is left to the end-of-run DROP DATABASE (as bench/backlog.py
+        # does): deleting a million rows would load the machine under the next scenario.
         await conn.close()
-        await s.mx.delete_queue(queue)
+
+
+async def _sql_claim(conn: Any, queue_id: int, probes: int) -> dict[str, float] | None:
+    """The broker's own claim statement (storage/queries.py CLAIM) alone, one row at a time,
+    each deleted after: the claim's cost without HTTP and the event loop in between."""
+    from app.storage import queries
+
+    owner = "00000000-0000-4000-8000-000000000001"
+    params = {
+        "queue_id": queue_id,
+        "n": 1,
+        "lease_seconds": 30.0,
+        "process_id": owner,
+        "owners": [owner],
+        "owner_user": None,
+    }
+    claims: list[int] = []
+    for _ in range(probes):
+        t0 = now_ns()
+        rows = await conn.fetch(queries.CLAIM.sql, *queries.CLAIM.args(params))
+        claims.append(now_ns() - t0)
+        if not rows:
+            raise BenchError("nothing to claim")
+        await conn.execute("DELETE FROM messages WHERE id = $1", rows[0][1])
+    return latency_summary(claims)
 
 
 # -- RabbitMQ ---------------------------------------------------------------------------------
@@ -263,6 +294,9 @@ def add_ratios(results: list[Result]) -> None:
                 r.extra["p50_ratio_to_plain"] = round(
                     r.latency_ms["p50"] / plain.latency_ms["p50"], 3
                 )
+            mine, theirs = r.extra.get("sql_claim_ms"), plain and plain.extra.get("sql_claim_ms")
+            if mine and theirs:
+                r.extra["sql_p50_ratio_to_plain"] = round(mine["p50"] / theirs["p50"], 3)
 
 
 async def run(run: Run) -> None:
