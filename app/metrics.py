@@ -40,6 +40,20 @@ class Metrics:
             "subscribers with prefetch room and no message waiting); also in delivered",
             registry=r,
         )
+        self.dropped = Counter(
+            "messagex_message_copies_dropped",
+            "Ready copies that left their queue undelivered, by reason (maxlen: drop-head of "
+            "a length-limited queue) and outcome (dead_lettered or discarded)",
+            ["reason", "outcome"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "messagex_message_copies_rejected",
+            "Copies a publish did not store in their queue, by reason (maxlen: x-overflow "
+            "reject-publish or reject-publish-dlx) and outcome (dead_lettered or discarded)",
+            ["reason", "outcome"],
+            registry=r,
+        )
         self.acked = Counter("messagex_messages_acked", "Deliveries acknowledged", registry=r)
         self.ack_statements = Counter(
             "messagex_ack_statements",

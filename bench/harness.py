@@ -23,7 +23,7 @@ from typing import Any
 
 from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
-from bench import backlog, ceiling, groupcommit, mx, rabbit, report, scale, scale_idle
+from bench import backlog, ceiling, groupcommit, limits, mx, rabbit, report, scale, scale_idle
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -38,9 +38,9 @@ from bench.infra import (
 )
 from bench.stats import MESSAGE_BYTES, BenchError, Result, scenario_name
 
-GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog", "scale")
-NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog", "scale"}
-NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale"}
+GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog", "scale", "limits")
+NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog", "scale", "limits"}
+NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
 CEILING_BATCHES = (1, 10, 100)
 CEILING_CONNECTIONS = (1, 4)
@@ -144,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 #: the groups whose scenarios use the bench database's messages table
-ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle"})
+ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits"})
 
 
 @dataclass
@@ -422,6 +422,9 @@ class Run:
         await self.scenario("scale", f"mx overview messages={messages} queues={queues}", work)
         await scale_idle.run(self)
 
+    async def run_limits(self) -> None:
+        await limits.run(self)  # issue 20, lc-limits: bench/limits.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -471,6 +474,7 @@ class Run:
             "idle": self.run_idle,
             "backlog": self.run_backlog,
             "scale": self.run_scale,
+            "limits": self.run_limits,
         }
         started = time.monotonic()
         try:

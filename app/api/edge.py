@@ -39,7 +39,7 @@ from app.api.observability import TEMPLATE_KEY
 from app.api.problems import broker_error_response
 from app.api.rest import consume, publish
 from app.api.schemas.common import MAX_TAG
-from app.api.schemas.messages import PUBLISH, PUBLISH_BATCH
+from app.api.schemas.messages import PUBLISH, PUBLISH_BATCH, result_fields
 from app.broker.services import Services
 from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult, User
 from app.errors import BrokerError
@@ -212,7 +212,7 @@ def _json_content(scope: Scope) -> bool:
 
 
 def _result(result: PublishResult) -> dict[str, Any]:
-    return {"routed": result.routed, "queues": result.queues, "message_id": result.message_id}
+    return result_fields(result)
 
 
 def _services(scope: Scope) -> Services | None:

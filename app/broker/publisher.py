@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from app.auth.permissions import Access, require
+from app.broker.limits import Admission, Limits, QueueInfo
 from app.broker.routing_cache import MAX_BINDINGS, Routes, RoutingCache
 from app.broker.tasks import TaskOwner
 from app.domain.model import Delivery, OutgoingMessage, PublishResult, User
@@ -36,6 +37,7 @@ from app.errors import (
     Unroutable,
 )
 from app.metrics import Metrics
+from app.storage import limits as limits_store
 from app.storage import messages as store
 from app.storage.database import Database
 
@@ -79,6 +81,8 @@ class _Plan:
     results: list[PublishResult] = field(default_factory=list)
     queue_ids: set[int] = field(default_factory=set)
     unroutable: int = 0
+    #: copies the length rule did not store (x-overflow reject-publish*)
+    rejected: int = 0
 
 
 @dataclass(slots=True)
@@ -142,6 +146,8 @@ class Publisher:
         self._reserve: Reserve | None = None
         #: each exchange's bindings, compiled, re-read only when their version changed
         self.routing = RoutingCache(routing_cache_bindings)
+        #: queues' priorities and length limits (contract §13)
+        self.limits = Limits(db, metrics)
 
     def set_reserve(self, reserve: Reserve) -> None:
         """Let copies go straight to idle subscribers with prefetch room (the direct
@@ -299,6 +305,10 @@ class Publisher:
             messages.extend((plan.exchange, m) for m in plan.messages)
             copies.extend((offset + index, queue_id) for index, queue_id in plan.copies)
         receipt = str(uuid.uuid4())
+        infos, priorities = await self.limits.priorities(messages, copies)
+        if any(i.arguments.limited for i in infos.values()):
+            await self._insert_limited(plans, messages, copies, receipt, infos, priorities)
+            return set()
         handoff = await self._reserve_room(messages, copies)
         try:
             target = None
@@ -307,7 +317,7 @@ class Publisher:
                 target = store.HandOffTo(handoff.process_id, owners)
             try:
                 handed = await store.insert_copies(
-                    self.db.hot, messages, copies, receipt, handoff=target
+                    self.db.hot, messages, copies, receipt, handoff=target, priorities=priorities
                 )
             except store.PublishInDoubt:
                 # Stored or not, it was not seen: copies handed off by it (if it was) are in
@@ -330,6 +340,62 @@ class Publisher:
                 handoff.close()
         done = {row.copy for row in handed}
         return queues.difference(q for i, (_, q) in enumerate(copies) if i not in done)
+
+    async def _insert_limited(
+        self,
+        plans: list[_Plan],
+        messages: list[tuple[str, OutgoingMessage]],
+        copies: list[tuple[int, int]],
+        receipt: str,
+        infos: dict[int, QueueInfo],
+        priorities: list[int | None] | None,
+    ) -> None:
+        """The group has copies for length-limited queues: one transaction that locks them
+        (broker/limits.py), leaves out the copies their x-overflow rejects, inserts the
+        rest with the same statement as any publish (no direct hand-off), and drops the
+        head of the queues that went over. Each plan's results then name the rejecting
+        queues under ``rejected``."""
+        limited = [q for q, info in infos.items() if info.arguments.limited]
+        admission = Admission()
+        try:
+            async with self.db.transaction() as conn:
+                held = await self.limits.hold(conn, limited)
+                admission = await self.limits.admit(conn, held, messages, copies, priorities)
+                kept = [c for i, c in enumerate(copies) if i not in admission.rejected]
+                kept_priorities = (
+                    None
+                    if priorities is None
+                    else [p for i, p in enumerate(priorities) if i not in admission.rejected]
+                )
+                await store.insert_copies(
+                    self.db.hot,
+                    messages,
+                    kept,
+                    receipt,
+                    priorities=kept_priorities,
+                    within=await limits_store.driver(conn),
+                )
+                await self.limits.settle_publish(conn, held, limited, admission)
+        except Unavailable:
+            await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
+        self.limits.count_admission(admission)
+        self._notify(admission.dropped.woken)
+        if admission.rejected:
+            self._mark_rejected(plans, admission.rejected, infos)
+
+    @staticmethod
+    def _mark_rejected(plans: list[_Plan], rejected: set[int], infos: dict[int, QueueInfo]) -> None:
+        """Move each rejected copy's queue from its result's ``queues`` to ``rejected``."""
+        index = 0
+        for plan in plans:
+            for message, queue_id in plan.copies:
+                if index in rejected:
+                    result = plan.results[message]
+                    name = infos[queue_id].name
+                    result.queues.remove(name)
+                    result.rejected.append(name)
+                    plan.rejected += 1
+                index += 1
 
     async def _reserve_room(
         self, messages: list[tuple[str, OutgoingMessage]], copies: list[tuple[int, int]]
@@ -431,8 +497,8 @@ class Publisher:
 
     def _committed(self, plan: _Plan) -> list[PublishResult]:
         self.metrics.published.inc(len(plan.messages))
-        if plan.copies:
-            self.metrics.routed_copies.inc(len(plan.copies))
+        if len(plan.copies) > plan.rejected:
+            self.metrics.routed_copies.inc(len(plan.copies) - plan.rejected)
         if plan.unroutable:
             self.metrics.unroutable.inc(plan.unroutable)
         return plan.results

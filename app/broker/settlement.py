@@ -14,9 +14,11 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from app.broker.limits import Limits
 from app.broker.tasks import TaskOwner
-from app.domain.retry import Decision, Outcome, decide, with_death
+from app.domain.retry import Decision, Outcome, death_headers, decide
 from app.errors import UnknownDeliveryTag
 from app.metrics import Metrics
 from app.storage import deliveries
@@ -87,14 +89,7 @@ def _sort(row: Unsettled, decision: Decision, settled: Settled, decisions: Decis
     else:
         assert decision.reason is not None
         assert row.dead_letter_queue_id is not None
-        headers = with_death(
-            row.headers,
-            queue=row.queue_name,
-            reason=decision.reason,
-            time=row.now,
-            exchange=row.exchange,
-            routing_key=row.routing_key,
-        )
+        headers = death_headers(row, queue=row.queue_name, reason=decision.reason)
         decisions.dead_letter.append((row.id, row.dead_letter_queue_id, headers))
         settled.woken_queues.add(row.dead_letter_queue_id)
 
@@ -124,9 +119,20 @@ class Settlement:
         self.tasks = tasks
         self.metrics = metrics
         self.after_settle = after_settle
+        #: the length rule for copies that become ready again (contract §13)
+        self.limits = Limits(db, metrics)
         # (message id, tag, owner connection, group, index in the group)
         self._pending: list[tuple[int, str, str, _AckGroup, int]] = []
         self._flushing = False
+
+    async def _apply(self, conn: Any, settled: Settled, decisions: Decisions) -> None:
+        """Apply the retry decisions, then the length rule to the queues that got ready
+        copies (broker/limits.py): in the same transaction, so no commit leaves a limited
+        queue above its limit. Counted as it happens (a rollback fails the settlement)."""
+        await deliveries.apply_decisions(conn, decisions)
+        dropped = await self.limits.after_ready(conn, settled.woken_queues)
+        self.limits.count_dropped(dropped)
+        settled.woken_queues |= dropped.woken
 
     # -- ACK ------------------------------------------------------------------------------
 
@@ -221,7 +227,7 @@ class Settlement:
             if row is None:
                 raise UnknownDeliveryTag()
             settled, decisions = decide_all([row], requeue=requeue)
-            await deliveries.apply_decisions(conn, decisions)
+            await self._apply(conn, settled, decisions)
         outcome = settled.outcomes[row.id]
         self.metrics.nacked.labels(outcome=outcome.value).inc()
         settled.owners.discard(owner_connection or "")
@@ -235,7 +241,7 @@ class Settlement:
         async with self.db.transaction() as conn:
             rows = await deliveries.lock_owned_by_connections(conn, owners)
             settled, decisions = decide_all(rows, requeue=True)
-            await deliveries.apply_decisions(conn, decisions)
+            await self._apply(conn, settled, decisions)
         self._count("disconnect", settled)
         self.after_settle(settled)
         return settled
@@ -244,7 +250,7 @@ class Settlement:
         async with self.db.transaction() as conn:
             rows = await deliveries.lock_owned_by_processes(conn, processes)
             settled, decisions = decide_all(rows, requeue=True)
-            await deliveries.apply_decisions(conn, decisions)
+            await self._apply(conn, settled, decisions)
         self._count("process_lost", settled)
         self.after_settle(settled)
         return settled
@@ -256,7 +262,7 @@ class Settlement:
             async with self.db.transaction() as conn:
                 rows = await deliveries.lock_expired(conn, SWEEP_BATCH)
                 settled, decisions = decide_all(rows, requeue=True)
-                await deliveries.apply_decisions(conn, decisions)
+                await self._apply(conn, settled, decisions)
             if rows:
                 self._count("ack_timeout", settled)
                 self.after_settle(settled)

@@ -165,6 +165,10 @@ class PublishResult:
     routed: bool
     queues: list[str]
     message_id: str
+    #: queues that refused their copy (x-overflow reject-publish / reject-publish-dlx)
+    rejected: list[str] = field(default_factory=list)
+    #: filled by idempotent publish (contract §15); always empty until then
+    duplicates: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
+
+from app.domain.arguments import DeathReason
+
+__all__ = ["DeathReason", "Decision", "Dying", "Outcome", "death_headers", "decide", "with_death"]
 
 
 class Outcome(StrEnum):
@@ -16,11 +20,6 @@ class Outcome(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     DEAD = "dead"
     DISCARDED = "discarded"
-
-
-class DeathReason(StrEnum):
-    DELIVERY_LIMIT = "delivery_limit"
-    REJECTED = "rejected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +88,28 @@ def with_death(
         "routing_keys": [routing_key],
     }
     return {**headers, "x-death": [entry_now, *kept]}
+
+
+class Dying(Protocol):
+    """A copy about to be dead-lettered, as its locking read returned it."""
+
+    @property
+    def headers(self) -> dict[str, Any]: ...
+    @property
+    def now(self) -> datetime: ...
+    @property
+    def exchange(self) -> str: ...
+    @property
+    def routing_key(self) -> str: ...
+
+
+def death_headers(row: Dying, *, queue: str, reason: DeathReason) -> dict[str, Any]:
+    """``row``'s headers with the x-death entry of its dead-lettering from ``queue``."""
+    return with_death(
+        row.headers,
+        queue=queue,
+        reason=reason,
+        time=row.now,
+        exchange=row.exchange,
+        routing_key=row.routing_key,
+    )

@@ -207,12 +207,21 @@ export class Client extends EventTarget {
   /**
    * Publish with confirm: `message` is a publish body (routing_key, body or body_base64,
    * headers, properties, delay_ms, mandatory) plus `exchange`, or `queue` for the default
-   * exchange. Resolves with {routed, queues, message_id} once the broker has committed it.
+   * exchange; `properties.priority` (0-255) orders claims in a queue with x-max-priority.
+   * Resolves with {routed, queues, message_id, rejected, duplicates} once the broker has
+   * committed it: `rejected` lists the matched queues that refused their copy (full, with
+   * x-overflow reject-publish or reject-publish-dlx); `duplicates` is empty for now.
    */
   async publish(message) {
     await this._waitOpen();
     const reply = await this._request({ ...message, type: "PUBLISH" });
-    return { routed: reply.routed, queues: reply.queues, message_id: reply.message_id };
+    return {
+      routed: reply.routed,
+      queues: reply.queues,
+      message_id: reply.message_id,
+      rejected: reply.rejected || [],
+      duplicates: reply.duplicates || [],
+    };
   }
 
   /** Round trip to the broker. */

@@ -78,6 +78,44 @@ function optionalInt(input) {
   return v === "" ? null : Number(v);
 }
 
+/**
+ * Declare-form fields for the length limits and the priority of contract §13, labelled with
+ * their RabbitMQ names; `read(args)` adds the filled ones to an arguments object.
+ */
+function limitFields() {
+  const maxLength = h("input", { name: "x-max-length", type: "number", min: 0, inputmode: "numeric" });
+  const maxBytes = h("input", { name: "x-max-length-bytes", type: "number", min: 0, inputmode: "numeric" });
+  const overflow = h("select", { name: "x-overflow" },
+    ["", "drop-head", "reject-publish", "reject-publish-dlx"].map((v) => h("option", { value: v }, v || "(default: drop-head)")));
+  const maxPriority = h("input", { name: "x-max-priority", type: "number", min: 1, max: 255, inputmode: "numeric" });
+  const els = [
+    field("Max length (x-max-length)", maxLength, "Ready copies; empty: unlimited"),
+    field("Max length bytes (x-max-length-bytes)", maxBytes, "Body bytes of ready copies; empty: unlimited"),
+    field("Overflow (x-overflow)", overflow, "What a publish into a full queue does"),
+    field("Max priority (x-max-priority)", maxPriority, "1–255: claim by message priority; empty: none"),
+  ];
+  function read(args) {
+    const out = { ...args };
+    for (const [key, input] of [["x-max-length", maxLength], ["x-max-length-bytes", maxBytes], ["x-max-priority", maxPriority]]) {
+      const v = optionalInt(input);
+      if (v !== null) out[key] = v;
+    }
+    if (overflow.value) out["x-overflow"] = overflow.value;
+    return out;
+  }
+  return { els, read };
+}
+
+/** The §13 limits and priority of a queue's arguments, as settings rows. */
+function limitRows(args) {
+  return [
+    ["Max length (x-max-length)", args["x-max-length"] ?? "unlimited"],
+    ["Max length bytes (x-max-length-bytes)", args["x-max-length-bytes"] ?? "unlimited"],
+    ["Overflow (x-overflow)", args["x-overflow"] ?? "drop-head"],
+    ["Max priority (x-max-priority)", args["x-max-priority"] ?? "none"],
+  ];
+}
+
 function yesNo(value) {
   return value ? "yes" : "no";
 }
@@ -449,6 +487,7 @@ export function queuesView(main, _params, ctx) {
   const dlq = h("input", { name: "dead_letter_queue", autocomplete: "off" });
   const ackTimeout = h("input", { name: "ack_timeout_seconds", type: "number", min: 1, inputmode: "numeric" });
   const args = jsonInput("Arguments (JSON object)", "{}");
+  const limits = limitFields();
   const form = h(
     "form",
     { class: "card" },
@@ -457,6 +496,7 @@ export function queuesView(main, _params, ctx) {
     field("Maximum deliveries", maxDeliveries, "Empty: unlimited"),
     field("Dead-letter queue", dlq, "Empty: none; otherwise an existing queue"),
     field("Ack timeout (seconds)", ackTimeout, "Empty: the broker default"),
+    ...limits.els,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
@@ -470,7 +510,7 @@ export function queuesView(main, _params, ctx) {
           max_delivery_count: optionalInt(maxDeliveries),
           dead_letter_queue: dlq.value.trim() || null,
           ack_timeout_seconds: optionalInt(ackTimeout),
-          arguments: argumentsValue,
+          arguments: limits.read(argumentsValue),
         },
         withStatus: true,
       });
@@ -573,6 +613,7 @@ export function queueView(main, params, ctx) {
           ["Maximum deliveries", q.max_delivery_count ?? "unlimited"],
           ["Dead-letter queue", q.dead_letter_queue ? link(q.dead_letter_queue, "queues", q.dead_letter_queue) : "none"],
           ["Ack timeout", q.ack_timeout_seconds === null ? "broker default" : `${q.ack_timeout_seconds} s`],
+          ...limitRows(q.arguments),
           ["Arguments", pre(json(q.arguments), "Arguments")],
         ]));
         await Promise.all([loadBindings(), browse.load()]);
@@ -646,6 +687,7 @@ function messageCard(m, queue, ctx, reload) {
     ["Exchange", m.exchange === "" ? "(default)" : m.exchange],
     ["Routing key", m.routing_key],
     ["Deliveries", String(m.delivery_count)],
+    m.properties && m.properties.priority !== undefined ? ["Priority", String(m.properties.priority)] : null,
     ["Created", formatTime(m.created_at)],
     m.available_at !== m.created_at ? ["Available", formatTime(m.available_at)] : null,
     Object.keys(m.headers || {}).length ? ["Headers", h("code", { "aria-label": "Headers" }, JSON.stringify(m.headers))] : null,
@@ -689,6 +731,7 @@ export function publishView(main, params, ctx) {
   body.input.rows = 6;
   const delay = h("input", { name: "delay_ms", type: "number", min: 0, max: 604800000, value: 0, inputmode: "numeric" });
   const messageId = h("input", { name: "message_id", autocomplete: "off" });
+  const priority = h("input", { name: "priority", type: "number", min: 0, max: 255, inputmode: "numeric" });
   const mandatory = checkbox("Mandatory (refuse when no queue matches)");
   const result = h("div", { class: "result", role: "status", "aria-live": "polite" });
   const exchanges = datalist([]);
@@ -724,6 +767,7 @@ export function publishView(main, params, ctx) {
     body.el,
     field("Delay (ms)", delay, "0 to 604800000 (7 days)"),
     field("Message id (optional)", messageId, "Empty: the broker makes a UUID"),
+    field("Priority (optional)", priority, "0–255: claim order in a queue with x-max-priority"),
     mandatory.el,
     h("button", { type: "submit" }, "Publish"),
   );
@@ -740,6 +784,7 @@ export function publishView(main, params, ctx) {
       delay_ms: Number(delay.value || 0),
     };
     if (messageId.value.trim()) message.properties = { message_id: messageId.value.trim() };
+    if (optionalInt(priority) !== null) message.properties = { ...message.properties, priority: optionalInt(priority) };
     if (toQueue.checked) {
       message.queue = target.value;
     } else {
@@ -751,7 +796,7 @@ export function publishView(main, params, ctx) {
     try {
       const r = await withTimeout(ctx.messagex().publish(message), PUBLISH_TIMEOUT_MS);
       fill(result, r.routed
-        ? h("p", { class: "notice ok" }, `Published: routed to ${r.queues.join(", ")} (message id ${r.message_id})`)
+        ? h("p", { class: "notice ok" }, `Published: routed to ${r.queues.join(", ") || "no queue"}${r.rejected.length ? `; rejected by ${r.rejected.join(", ")} (full)` : ""} (message id ${r.message_id})`)
         : h("p", { class: "notice warn" }, `Published but not routed: no queue matched (message id ${r.message_id})`));
     } catch (error) {
       fill(result, h("p", { class: "notice error" }, `Not published: ${error.message}${error.code ? ` (${error.code})` : ""}`));

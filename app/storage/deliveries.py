@@ -245,12 +245,18 @@ RETURN_TO_STATUS = text(_RETURN)
 
 # Moved to the dead-letter queue: ready there at the tail, delivery_count 0, x-death headers
 # computed by domain.retry; message_id, created_at, exchange, routing key and body are kept.
+# The claim priority is the target queue's (QueueArguments.priority_of, in SQL: NULL outside
+# a priority queue, the message's priority capped at x-max-priority in one, 0 without one).
 DEAD_LETTER = text("""
 UPDATE messages AS m SET queue_id = d.dlq, status = 'ready', delivery_count = 0,
     headers = d.headers, available_at = now(), delivery_tag = NULL, lease_expires_at = NULL,
-    owner_process = NULL, owner_connection = NULL, owner_user = NULL
+    owner_process = NULL, owner_connection = NULL, owner_user = NULL,
+    priority = CASE WHEN t.arguments ? 'x-max-priority'
+                    THEN least(coalesce((m.properties ->> 'priority')::int, 0),
+                               (t.arguments ->> 'x-max-priority')::int) END
 FROM unnest(CAST(:ids AS bigint[]), CAST(:dlqs AS bigint[]), CAST(:headers AS jsonb[]))
      AS d(id, dlq, headers)
+JOIN queues AS t ON t.id = d.dlq
 WHERE m.id = d.id
 """)
 

@@ -23,7 +23,7 @@ from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
 from app.storage import queries
 from app.storage.driver_errors import FK_MESSAGES_QUEUE, constraint
-from app.storage.fastpath import HotPath, jsonb_text, jsonb_text_sized
+from app.storage.fastpath import HotPath, Statement, jsonb_text, jsonb_text_sized
 
 
 class QueueDeleted(NotFound):
@@ -146,27 +146,15 @@ def _stored_json(m: OutgoingMessage) -> tuple[str, str]:
     return jsonb_text(m.headers) if m.headers else "{}", jsonb_text(m.properties)
 
 
-async def insert_copies(
-    hot: HotPath,
+def insert_params(
     messages: Sequence[tuple[str, OutgoingMessage]],
     copies: Sequence[tuple[int, int]],
     receipt: str,
-    handoff: HandOffTo | None = None,
-) -> list[HandedOff]:
-    """Insert one row per ``(message index, queue id)`` in ``copies``, in that order, and
-    the publish receipt ``receipt`` (a UUID, new for each call) with them.
-
-    ``messages`` are (exchange, message) pairs whose messages carry their final
-    ``message_id`` and ``properties``. With ``handoff``, the offered copies of each queue
-    that has no due ready message are stored in flight to their owners, and returned; a
-    queue's offered copies are all handed off or none is. Raises QueueDeleted (nothing
-    stored) when a target queue no longer exists; Unavailable when the statement was never
-    sent (nothing stored); PublishInDoubt when the connection failed after it was sent.
-    """
-    if not copies:
-        return []
+    priorities: Sequence[int | None] | None = None,
+) -> dict[str, Any]:
+    """The parameters of INSERT_COPIES (and its variants) for these copies."""
     stored = [_stored_json(m) for _, m in messages]
-    params: dict[str, Any] = {
+    return {
         "receipt": receipt,
         "copy_msg": [index + 1 for index, _ in copies],
         "copy_queue": [queue_id for _, queue_id in copies],
@@ -178,32 +166,74 @@ async def insert_copies(
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
+        "copy_priority": list(priorities) if priorities is not None else [None] * len(copies),
     }
+
+
+async def insert_copies(
+    hot: HotPath,
+    messages: Sequence[tuple[str, OutgoingMessage]],
+    copies: Sequence[tuple[int, int]],
+    receipt: str,
+    handoff: HandOffTo | None = None,
+    priorities: Sequence[int | None] | None = None,
+    within: asyncpg.Connection | None = None,
+) -> list[HandedOff]:
+    """Insert one row per ``(message index, queue id)`` in ``copies``, in that order, and
+    the publish receipt ``receipt`` (a UUID, new for each call) with them.
+
+    ``messages`` are (exchange, message) pairs whose messages carry their final
+    ``message_id`` and ``properties``. With ``handoff``, the offered copies of each queue
+    that has no due ready message are stored in flight to their owners, and returned; a
+    queue's offered copies are all handed off or none is. ``priorities``: each copy's claim
+    priority (None outside priority queues; all None when not given). ``within``: run on
+    this connection, inside its caller's transaction (the length-limited publish,
+    broker/limits.py), which then owns the in-doubt case. Raises QueueDeleted (nothing
+    stored) when a target queue no longer exists; Unavailable when the statement was never
+    sent (nothing stored); PublishInDoubt when the connection failed after it was sent.
+    """
+    if not copies:
+        return []
+    params = insert_params(messages, copies, receipt, priorities)
     statement = queries.INSERT_COPIES
     if handoff is not None:
         statement = queries.INSERT_COPIES_HANDING_OFF
         params["process_id"] = handoff.process_id
         params["copy_owner"] = [o[0] if o else None for o in handoff.owners]
         params["copy_lease"] = [o[1] if o else None for o in handoff.owners]
+    if within is not None:
+        rows = await _execute_insert(within, statement, params, returning=handoff is not None)
+        if handoff is None:
+            return []
+        return _match_handed(rows, copies, handoff.owners, params["headers"], params["properties"])
     sent = False
     try:
         # without a hand-off the INSERT reads nothing of messages: it keeps a generic plan
         async with hot.connection(stable=handoff is None) as conn:
-            try:
-                sent = True
-                if handoff is None:
-                    await conn.execute(statement.sql, *statement.args(params))
-                    return []
-                rows = await conn.fetch(statement.sql, *statement.args(params))
-            except asyncpg.ForeignKeyViolationError as exc:
-                if constraint(exc) == FK_MESSAGES_QUEUE:
-                    raise QueueDeleted() from None
-                raise
+            sent = True
+            rows = await _execute_insert(conn, statement, params, returning=handoff is not None)
+            if handoff is None:
+                return []
     except Unavailable:
         if sent:
             raise PublishInDoubt() from None
         raise
     return _match_handed(rows, copies, handoff.owners, params["headers"], params["properties"])
+
+
+async def _execute_insert(
+    conn: asyncpg.Connection, statement: Statement, params: dict[str, Any], *, returning: bool
+) -> Sequence[Any]:
+    try:
+        if not returning:
+            await conn.execute(statement.sql, *statement.args(params))
+            return []
+        rows: Sequence[Any] = await conn.fetch(statement.sql, *statement.args(params))
+        return rows
+    except asyncpg.ForeignKeyViolationError as exc:
+        if constraint(exc) == FK_MESSAGES_QUEUE:
+            raise QueueDeleted() from None
+        raise
 
 
 def _match_handed(

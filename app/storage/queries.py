@@ -95,25 +95,31 @@ JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
 # queues is sent once, not once per queue. ORDER BY the copy's ordinal makes ids follow
 # publish order within each queue (ids come from the sequence as rows are inserted, above
 # the sorted subquery), so consumers see a batch in publish order. available_at uses the
-# database clock. One statement is atomic on its own: no transaction block around it. The
+# database clock; :copy_priority is each copy's claim priority (NULL outside priority
+# queues, migration 0007). One statement is atomic on its own: no transaction block around it. The
 # foreign key check takes KEY SHARE on each target queue row, so a concurrent queue delete
 # either waits for this commit (and then deletes the copies with the queue) or has already
 # won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
 # publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
 # copies do: see messages.settle_in_doubt.
-INSERT_COPIES = Statement(
-    text(f"""
+_INSERT_COPIES = f"""
 WITH {_RECEIPT}
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
-                      body, "binary", available_at)
+                      body, "binary", available_at, priority)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
        m.properties::jsonb, m.body, m.is_binary,
-       now() + m.delay_ms * interval '1 millisecond'
-FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]))
-         WITH ORDINALITY AS c(msg, queue_id, ord)
+       now() + m.delay_ms * interval '1 millisecond', c.priority
+FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
+            CAST(:copy_priority AS smallint[]))
+         WITH ORDINALITY AS c(msg, queue_id, priority, ord)
 {_MESSAGES_OF_COPIES}
 ORDER BY c.ord
-""")
+"""
+INSERT_COPIES = Statement(text(_INSERT_COPIES))
+# The same, returning what the maxlen dead-lettering of the copies needs (reject-publish-dlx:
+# broker/limits.py stores the rejected copies, then dead-letters them in its transaction).
+INSERT_COPIES_RETURNING = Statement(
+    text(_INSERT_COPIES + "RETURNING id, headers::text, exchange, routing_key, now()")
 )
 
 # The same, when idle local subscribers have prefetch room (the direct hand-off): copy i may
@@ -133,8 +139,9 @@ INSERT_COPIES_HANDING_OFF = Statement(
 WITH {_RECEIPT},
 copies AS (
     SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
-                         CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]))
-         WITH ORDINALITY AS c(msg, queue_id, owner, lease, ord)
+                         CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]),
+                         CAST(:copy_priority AS smallint[]))
+         WITH ORDINALITY AS c(msg, queue_id, owner, lease, priority, ord)
 ),
 waiting AS (
     SELECT q.queue_id FROM (SELECT DISTINCT queue_id FROM copies WHERE owner IS NOT NULL) AS q
@@ -147,7 +154,7 @@ numbered AS (
     SELECT nextval('messages_id_seq') AS id, s.*
     FROM (
         SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
-               m.body, m.is_binary, m.delay_ms, c.lease,
+               m.body, m.is_binary, m.delay_ms, c.lease, c.priority,
                CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
                     ELSE c.owner END AS owner
         FROM copies AS c
@@ -159,7 +166,7 @@ stored AS (
     INSERT INTO messages (id, queue_id, message_id, exchange, routing_key, headers,
                           properties, body, "binary", available_at, status, delivery_count,
                           delivered_at, lease_expires_at, delivery_tag, owner_process,
-                          owner_connection)
+                          owner_connection, priority)
     SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
            body, is_binary, now() + delay_ms * interval '1 millisecond',
            CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
@@ -168,7 +175,7 @@ stored AS (
            CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => lease) END,
            CASE WHEN owner IS NOT NULL THEN {NEW_TAG_SQL.format(id="id")} END,
            CASE WHEN owner IS NOT NULL THEN CAST(:process_id AS uuid) END,
-           owner
+           owner, priority
     FROM numbered
     ORDER BY id
     RETURNING id, queue_id, delivery_tag, created_at
@@ -202,26 +209,58 @@ WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 sec
 
 # -- claim --------------------------------------------------------------------------------
 
-# Claim up to :n ready rows of one queue in (available_at, id) order, in ONE statement.
+
+def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
+    """The due ready rows of queue ``:queue_id`` in claim order (contract §10, §13), at most
+    ``limit``: a UNION ALL of two index walks, one home for the order that claims and
+    drop-head (broker/limits.py) both follow. A priority queue's rows all carry a priority
+    (``ix_messages_priority``: priority descending, available_at, id), every other queue's
+    none (``ix_messages_claim``: available_at, id), so one branch is empty for any queue: a
+    plain queue's claim pays one probe of an index that holds none of its rows, and a
+    priority queue's never reaches the second branch while the first fills the limit (the
+    Append stops). ``lock``: a locking clause applied in both branches. The rows come out in
+    claim order; callers that number them use CLAIM_ORDER. "Due" is by the statement's own
+    clock (``statement_timestamp()``, which is ``now()`` for a statement alone): inside a
+    transaction that waited for a queue's lock (storage/limits.py), ``now()`` would be the
+    time it began, before the copies committed while it waited."""
+    return f"""
+    SELECT * FROM (
+        SELECT {columns} FROM messages
+        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NOT NULL
+          AND available_at <= statement_timestamp()
+        ORDER BY priority DESC, available_at, id
+        LIMIT {limit} {lock}
+    ) AS by_priority
+    UNION ALL
+    SELECT * FROM (
+        SELECT {columns} FROM messages
+        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NULL
+          AND available_at <= statement_timestamp()
+        ORDER BY available_at, id
+        LIMIT {limit} {lock}
+    ) AS plain
+    LIMIT {limit}"""
+
+
+#: claim order over rows of one queue (priority is NULL exactly in plain queues)
+CLAIM_ORDER = "priority DESC NULLS LAST, available_at, id"
+
+# Claim up to :n ready rows of one queue in claim order ((available_at, id), or
+# (priority descending, available_at, id) in a queue with x-max-priority), in ONE statement.
 # Headers and properties come back as JSON text, which the frame splices as it is: decoding
 # them into Python only to encode them again cost 3.5 µs per row (docs/performance.md).
 # FOR UPDATE SKIP LOCKED: concurrent claimers (other subscribers, other processes) each lock
 # distinct rows and never wait on each other, so no message is ever in flight twice. The
-# inner query walks ix_messages_claim (partial on ready rows). Row i of the claim goes to
+# inner query walks ix_messages_priority, then ix_messages_claim (both partial on ready rows;
+# see ready_in_claim_order). Row i of the claim goes to
 # owner :owners[i] — the dispatcher passes its round-robin sequence of subscribers with
 # credit, so one round trip serves every local subscriber of the queue. Pull claims pass
 # NULL owners (the row then belongs to :owner_user).
 CLAIM = Statement(
     text(f"""
 WITH picked AS (
-    SELECT s.id, row_number() OVER (ORDER BY s.available_at, s.id) AS rn
-    FROM (
-        SELECT id, available_at
-        FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= now()
-        ORDER BY available_at, id
-        LIMIT :n
-        FOR UPDATE SKIP LOCKED
+    SELECT s.id, row_number() OVER (ORDER BY {CLAIM_ORDER}) AS rn
+    FROM ({ready_in_claim_order("id, priority, available_at", ":n", "FOR UPDATE SKIP LOCKED")}
     ) AS s
 )
 UPDATE messages AS m SET

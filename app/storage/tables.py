@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -147,6 +148,9 @@ messages = Table(
     Column("owner_process", UUID(as_uuid=False), nullable=True),
     Column("owner_connection", UUID(as_uuid=False), nullable=True),
     Column("owner_user", Text, nullable=True),
+    # Claim priority in a queue with x-max-priority (QueueArguments.priority_of); NULL in
+    # every other queue, whose rows so never enter ix_messages_priority (migration 0007).
+    Column("priority", SmallInteger, nullable=True),
     CheckConstraint("status IN ('ready', 'in_flight', 'dead')", name="status"),
     # In flight exactly when a tag is set, and exactly when a lease is: settling by (id, tag)
     # needs no status test (storage/deliveries.py, ACK_MANY; migration 0003).
@@ -165,6 +169,16 @@ Index(
     messages.c.available_at,
     messages.c.id,
     postgresql_where=text("status = 'ready'"),
+)
+# The claim of a priority queue: (priority descending, available_at, id); only priority
+# queues' ready rows (the claim's second branch, storage/queries.py CLAIM).
+Index(
+    "ix_messages_priority",
+    messages.c.queue_id,
+    messages.c.priority.desc(),
+    messages.c.available_at,
+    messages.c.id,
+    postgresql_where=text("status = 'ready' AND priority IS NOT NULL"),
 )
 # The ack-timeout sweep: in-flight deliveries by lease expiry.
 Index(

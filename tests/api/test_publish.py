@@ -323,7 +323,13 @@ def test_publish_to_queue_uses_the_default_exchange(
         json={"body": "hi", "routing_key": "ignored", "properties": {"message_id": "d-1"}},
     )
     assert r.status_code == 200, r.text
-    assert r.json() == {"routed": True, "queues": ["q2"], "message_id": "d-1"}
+    assert r.json() == {
+        "routed": True,
+        "queues": ["q2"],
+        "message_id": "d-1",
+        "rejected": [],
+        "duplicates": [],
+    }
     rows = stored(server)
     assert [(row["queue"], row["exchange"], row["routing_key"]) for row in rows] == [
         ("q2", "", "q2")

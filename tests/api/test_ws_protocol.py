@@ -779,6 +779,8 @@ def test_publish_to_a_queue_without_id_still_confirms(url: str, adm: httpx.Clien
             "routed": True,
             "queues": [q],
             "message_id": "my-id-1",
+            "rejected": [],
+            "duplicates": [],
         }
         ws.subscribe(q)
         d = ws.delivery()

@@ -163,3 +163,25 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         assert ratio == 1.0 if name.endswith("=10") else ratio > 0, (name, ratio)
     assert scale["mx declare queues=200"]["elapsed_s"] > 0
     assert "scale (issue 19)" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_measures_the_limits_group(smoke: tuple[dict[str, Any], str]) -> None:
+    """Issue 20 (bench/limits.py): drop-head and plain publish rates, a limited queue under
+    the headline load, and claims from a priority and a plain backlog (RabbitMQ skipped)."""
+    doc, _ = smoke
+    limits = {s["name"]: s for s in by_group(doc, "limits")}
+    assert set(limits) == {
+        "limits mx publish=batch queue=plain",
+        "limits mx publish=batch queue=max-length drop-head",
+        "limits mx ws publish=batch prefetch=100 max-length=10000000",
+        "limits mx claim backlog=2000 queue=plain",
+        "limits mx claim backlog=2000 queue=x-max-priority=9",
+    }, sorted(limits)
+    for s in limits.values():
+        assert s["status"] == "ok", s
+    assert limits["limits mx publish=batch queue=max-length drop-head"]["rate"] > 0
+    assert (
+        limits["limits mx claim backlog=2000 queue=x-max-priority=9"]["extra"]["p50_ratio_to_plain"]
+        > 0
+    )

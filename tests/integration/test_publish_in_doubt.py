@@ -31,10 +31,12 @@ def break_after_commit(monkeypatch: pytest.MonkeyPatch, *, commit: bool) -> list
     real = store.insert_copies
     receipts: list[str] = []
 
-    async def broken(hot: Any, messages: Any, copies: Any, receipt: str, handoff: Any) -> None:
+    async def broken(
+        hot: Any, messages: Any, copies: Any, receipt: str, handoff: Any, **kw: Any
+    ) -> None:
         receipts.append(receipt)
         if commit:
-            await real(hot, messages, copies, receipt, handoff)
+            await real(hot, messages, copies, receipt, handoff, **kw)
         raise store.PublishInDoubt()
 
     monkeypatch.setattr(store, "insert_copies", broken)

@@ -206,6 +206,7 @@ def _publish(queue_id: int, owner: str | None = None) -> dict[str, Any]:
         "body": [b"1"],
         "is_binary": [False],
         "delay_ms": [0],
+        "copy_priority": [None],
     }
     if owner is not None:
         params.update(process_id=owner, copy_owner=[owner], copy_lease=[30.0])
@@ -266,6 +267,7 @@ _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
 _LEADING = {
     "pk_messages": "id",
     "ix_messages_claim": "queue_id",
+    "ix_messages_priority": "queue_id",
     "ix_messages_queue": "queue_id",
     "ix_messages_lease": None,
     "ix_messages_owner": None,
@@ -514,3 +516,78 @@ async def test_the_overview_counts_scan_messages_once_and_in_background_on_one_c
         in_background = await plan(count)
         assert len(_scans(in_background)) == 1, in_background
         assert not gathers(in_background), in_background
+
+
+async def _priority_backlog(conn: asyncpg.Connection) -> int:
+    """A priority queue with a backlog of its own (every row carries a priority)."""
+    queue_id: int = await conn.fetchval(
+        "INSERT INTO queues (name, arguments) VALUES ('prio', '{\"x-max-priority\": 9}') "
+        "RETURNING id"
+    )
+    await conn.execute(
+        """
+        INSERT INTO messages (queue_id, message_id, exchange, routing_key, body, priority)
+        SELECT $1, 'p' || g, '', 'k', '\\x00', g % 10 FROM generate_series(1, $2) AS g
+        """,
+        queue_id,
+        BACKLOG,
+    )
+    await conn.execute("ANALYZE messages")
+    return queue_id
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_priority_claim_walks_the_priority_index(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """Claim order (priority, available_at, id) is an index walk, never a sort of the
+    backlog: the claim branch of plain queues is not reached while the priority one fills
+    the limit, and a plain queue's claim probes the priority index once."""
+    queue_id = await _priority_backlog(conn)
+    for queue in (queue_id, await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")):
+        params = {
+            "queue_id": queue,
+            "n": 100,
+            "lease_seconds": 30.0,
+            "process_id": _OWNER,
+            "owners": [_OWNER] * 100,
+            "owner_user": None,
+        }
+        nodes = await _plan(conn, queries.CLAIM, params, mode)
+        names = {n.get("Index Name") for n in _scans(nodes)}
+        assert {"ix_messages_priority", "ix_messages_claim"} <= names, nodes
+        assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+        for sort in (n for n in nodes if n["Node Type"] == "Sort"):
+            assert _limited(sort), sort
+        document = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + queries.CLAIM.sql, *queries.CLAIM.args(params)
+        )
+        assert not _unbounded(
+            (document if isinstance(document, list) else json.loads(document))[0]["Plan"]
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_length_rule_reads_only_the_limited_queue(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """The count, and the head that drop-head removes, search the queue's own rows in the
+    claim indexes (the count is bounded by the limit, which holds), whatever else waits."""
+    from app.storage import limits
+
+    prio = await _priority_backlog(conn)
+    busy = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    statements = [
+        (Statement(limits.READY_SIZES), {"ids": [busy, prio], "with_bytes": [False, True]}),
+        (Statement(limits.HEAD), {"queue_id": busy, "n": 10}),
+        (Statement(limits.HEAD), {"queue_id": prio, "n": 10}),
+    ]
+    for statement, params in statements:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        document = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + statement.sql, *statement.args(params)
+        )
+        plan = (document if isinstance(document, list) else json.loads(document))[0]["Plan"]
+        assert not _unbounded(plan), plan
+        nodes = list(_nodes(plan))
+        assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes

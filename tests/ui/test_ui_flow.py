@@ -279,3 +279,36 @@ def test_a_bad_password_shows_the_error_and_stays_on_login(
     assert page.evaluate("sessionStorage.getItem('messagex.token')") is None
     # A valid token still works afterwards (nothing global broke).
     assert login(ui_server.base_url, ADMIN_USER, ADMIN_PASSWORD)
+
+
+def test_the_queue_form_declares_limits_and_priority_by_their_rabbitmq_names(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    log_in(page, ui_server)
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-limited")
+    page.get_by_label("Max length (x-max-length)").fill("1")
+    page.get_by_label("Overflow (x-overflow)").select_option("reject-publish")
+    page.get_by_label("Max priority (x-max-priority)").fill("5")
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-limited declared")).to_be_visible()
+    arguments = rest.get("/queues/e2e-limited").json()["arguments"]
+    assert arguments == {"x-max-length": 1, "x-overflow": "reject-publish", "x-max-priority": 5}
+    # The queue page shows them; a copy shows its priority; a full queue's refusal shows.
+    for body in (1, 2):
+        r = rest.post(
+            "/queues/e2e-limited/messages", json={"body": body, "properties": {"priority": 3}}
+        )
+        assert r.status_code == 200, r.text
+    page.get_by_role("link", name="e2e-limited", exact=True).click()
+    expect(page.get_by_role("heading", name="Queue e2e-limited")).to_be_visible()
+    expect(page.get_by_text("x-max-length)")).to_be_visible()
+    expect(page.locator("dd", has_text=re.compile(r"^reject-publish$"))).to_be_visible()
+    expect(page.locator(".message dd", has_text=re.compile(r"^3$"))).to_have_count(1)
+    go(page, "Publish")
+    page.get_by_label("a queue (the default exchange)").check()
+    page.get_by_label("Queue", exact=True).fill("e2e-limited")
+    page.get_by_label("Body (any JSON value)").fill("3")
+    page.get_by_label("Priority (optional)").fill("4")
+    page.get_by_role("button", name="Publish").click()
+    expect(page.get_by_text("rejected by e2e-limited (full)")).to_be_visible()

@@ -48,7 +48,7 @@ def test_decide(
 
 def test_outcome_values_are_the_wire_names() -> None:
     assert {o.value for o in Outcome} == {"requeued", "dead_lettered", "dead", "discarded"}
-    assert {r.value for r in DeathReason} == {"delivery_limit", "rejected"}
+    assert {r.value for r in DeathReason} == {"delivery_limit", "rejected", "expired", "maxlen"}
 
 
 def death(

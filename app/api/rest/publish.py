@@ -22,6 +22,7 @@ from app.api.schemas.messages import (
     PublishResponse,
     decode_publish,
     decode_publish_batch,
+    result_fields,
 )
 from app.domain.model import PublishResult
 
@@ -55,7 +56,7 @@ def _decoded(decode: Callable[[Any], T], payload: Any) -> T:
 
 
 def _result(result: PublishResult) -> PublishResponse:
-    return PublishResponse(routed=result.routed, queues=result.queues, message_id=result.message_id)
+    return PublishResponse(**result_fields(result))
 
 
 @router.post(

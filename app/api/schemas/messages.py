@@ -31,7 +31,13 @@ from app.api import codec
 from app.api.schemas.common import StrictModel
 from app.api.shortcut import FastDecoder
 from app.domain.arguments import MAX_PRIORITY, expiration_problem
-from app.domain.model import MAX_DELAY_MS, NAME_PATTERN, BrowseStatus, OutgoingMessage
+from app.domain.model import (
+    MAX_DELAY_MS,
+    NAME_PATTERN,
+    BrowseStatus,
+    OutgoingMessage,
+    PublishResult,
+)
 
 MAX_BATCH = 1000
 
@@ -355,9 +361,31 @@ decode_publish_batch = PUBLISH_BATCH.decode
 
 
 class PublishResponse(BaseModel):
-    routed: bool = Field(description="At least one queue received a copy")
+    routed: bool = Field(
+        description="Routing matched at least one queue (true even when every one rejected)"
+    )
     queues: list[str] = Field(description="The queues that received a copy, each once")
     message_id: str
+    rejected: list[str] = Field(
+        description=(
+            "Queues that matched but did not store a copy: full, with x-overflow "
+            "reject-publish or reject-publish-dlx (contract §13); empty when none"
+        )
+    )
+    duplicates: list[str] = Field(
+        description="Filled by idempotent publish (contract §15); always empty for now"
+    )
+
+
+def result_fields(result: PublishResult) -> dict[str, Any]:
+    """A publish result as every API answers it (REST, batch items, WebSocket PUBLISHED)."""
+    return {
+        "routed": result.routed,
+        "queues": result.queues,
+        "message_id": result.message_id,
+        "rejected": result.rejected,
+        "duplicates": result.duplicates,
+    }
 
 
 class PublishBatchResponse(BaseModel):

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.api.schemas.messages import result_fields
 from app.api.ws import frames
 from app.api.ws.acks import FrameId
 from app.auth.tokens import digest as token_digest
@@ -201,10 +202,5 @@ async def _publish(conn: WsConnection, frame: frames.PublishFrame, frame_id: Fra
     result = results[0]
     conn.reply(
         frame_id,
-        {
-            "type": "PUBLISHED",
-            "routed": result.routed,
-            "queues": result.queues,
-            "message_id": result.message_id,
-        },
+        {"type": "PUBLISHED", **result_fields(result)},
     )

@@ -76,11 +76,15 @@ def _authorization(token: str | None, username: str | None, password: str | None
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """The broker's confirm: the message is committed in every queue listed."""
+    """The broker's confirm: the message is committed in every queue listed. ``rejected``:
+    queues that matched but refused their copy (full, with ``x-overflow`` reject-publish or
+    reject-publish-dlx); ``duplicates`` stays empty until idempotent publish fills it."""
 
     routed: bool
     queues: list[str]
     message_id: str
+    rejected: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
 
 
 @dataclass(eq=False, slots=True)
@@ -366,6 +370,7 @@ class Client:
         content_type: str | None = None,
         delay_ms: int = 0,
         mandatory: bool = False,
+        priority: int | None = None,
     ) -> PublishResult:
         """Publish with confirm: returns once the broker has committed the message.
 
@@ -391,6 +396,7 @@ class Client:
             "correlation_id": correlation_id,
             "reply_to": reply_to,
             "content_type": content_type,
+            "priority": priority,  # 0-255: claim order in a queue with x-max-priority
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
         reply = await self._call(frame)
@@ -398,6 +404,8 @@ class Client:
             routed=bool(reply["routed"]),
             queues=list(reply["queues"]),
             message_id=str(reply["message_id"]),
+            rejected=list(reply.get("rejected", [])),
+            duplicates=list(reply.get("duplicates", [])),
         )
 
     def subscribe(self, queue: str, *, prefetch: int = 1) -> Subscription:

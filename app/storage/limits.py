@@ -1,0 +1,270 @@
+"""Length limits (contract §13: ``x-max-length``, ``x-max-length-bytes``, ``x-overflow``):
+the statements, and the one place that makes a limited queue hold its limit.
+
+Only queues with a limit come here; a plain queue's publish, claim and settlement never run
+any of this. Everything runs in the caller's transaction (a SQLAlchemy ``AsyncConnection``;
+the publish's INSERT runs on its driver connection, in the same transaction):
+
+1. ``lock_queues``: the limited queues' rows, ``FOR NO KEY UPDATE`` in id order. Every
+   transaction that adds ready copies to a limited queue (publish, requeue, dead-lettering
+   into it) takes it first, so they serialise per queue; claims, acks and plain queues never
+   take it, and ``NO KEY UPDATE`` does not conflict with the ``KEY SHARE`` that foreign-key
+   checks (inserts, subscriptions) take on the queue row.
+2. ``ready_sizes``: ready copies and their body bytes, counted after the lock, so in a
+   snapshot that holds every earlier commit that added ready copies (READ COMMITTED: each
+   statement a new snapshot). A count of the queue's due ready rows over
+   ``ix_messages_claim``: bounded by the limit, since the limit holds (the bytes need the
+   heap, and are read only for queues with ``x-max-length-bytes``).
+3. ``enforce``: drop-head, the oldest ready copies in claim order leave until the queue is
+   within its limits — dead-lettered with reason ``maxlen`` (``drop``) or deleted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app import jsonexact
+from app.domain import limits
+from app.domain.arguments import DeathReason, QueueArguments, parse_queue_arguments
+from app.domain.model import OutgoingMessage
+from app.domain.retry import death_headers
+from app.errors import ValidationFailed
+from app.storage import deliveries, queries
+from app.storage.fastpath import HotPath, Statement
+from app.storage.messages import insert_params
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """What the limits and the claim priority need of a queue. Never changes for an id: a
+    re-declaration with other arguments or another dead-letter queue is 409, and ids are
+    never reused."""
+
+    id: int
+    name: str
+    arguments: QueueArguments
+    dead_letter_queue_id: int | None
+
+
+QUEUE_INFOS = Statement(
+    text(
+        "SELECT id, name, arguments, dead_letter_queue_id FROM queues "
+        "WHERE id = ANY(CAST(:ids AS bigint[]))"
+    )
+)
+
+
+def _arguments(raw: Any) -> QueueArguments:
+    try:
+        return parse_queue_arguments(raw if isinstance(raw, dict) else {})
+    except ValidationFailed:
+        # declared before the arguments took effect, with a value they now refuse: ignored
+        return QueueArguments()
+
+
+async def queue_infos(hot: HotPath, ids: Sequence[int]) -> dict[int, QueueInfo]:
+    rows = await hot.fetch(QUEUE_INFOS, {"ids": list(ids)})
+    return {r[0]: QueueInfo(r[0], r[1], _arguments(r[2]), r[3]) for r in rows}
+
+
+# Serialise the transactions that add ready copies to these limited queues (see above).
+LOCK_QUEUES = text("""
+SELECT id FROM queues WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR NO KEY UPDATE
+""")
+
+# Due ready copies of each queue, and (only where asked: the LATERAL's one-time filter skips
+# it otherwise) their body bytes. Delayed copies (available_at in the future) and in-flight
+# ones do not count. statement_timestamp(), not now(): copies committed while this
+# transaction waited for the lock carry an available_at after the time it began.
+READY_SIZES = text("""
+SELECT q.id, c.n, coalesce(b.bytes, 0)
+FROM unnest(CAST(:ids AS bigint[]), CAST(:with_bytes AS boolean[])) AS q(id, with_bytes)
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM messages
+                    WHERE queue_id = q.id AND status = 'ready'
+                      AND available_at <= statement_timestamp()) AS c
+LEFT JOIN LATERAL (SELECT sum(length(body)) AS bytes FROM messages
+                   WHERE q.with_bytes AND queue_id = q.id AND status = 'ready'
+                     AND available_at <= statement_timestamp()) AS b ON true
+""")
+
+# The first :n ready copies of one queue in claim order, locked: the head that drop-head
+# removes. SKIP LOCKED: a row another transaction holds is being claimed (or deleted), so it
+# is leaving the ready set anyway; this never waits on a claim.
+HEAD = text(f"""
+SELECT s.id, s.headers::text, s.exchange, s.routing_key, s.size, now()
+FROM ({
+    queries.ready_in_claim_order(
+        "id, priority, available_at, headers, exchange, routing_key, length(body) AS size",
+        ":n",
+        "FOR UPDATE SKIP LOCKED",
+    )
+}) AS s
+ORDER BY {queries.CLAIM_ORDER}
+""")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A copy that leaves its queue by the length rule (what its x-death entry needs)."""
+
+    id: int
+    headers: dict[str, Any]
+    exchange: str
+    routing_key: str
+    size: int
+    now: datetime
+
+
+def _row(r: Sequence[Any], size: int | None = None) -> Row:
+    return Row(r[0], jsonexact.loads(r[1]), r[2], r[3], r[4] if size is None else size, r[-1])
+
+
+@dataclass(slots=True)
+class Dropped:
+    """What the length rule did in one transaction: copies dead-lettered (reason ``maxlen``)
+    and deleted, by queue; and the dead-letter queues that received copies."""
+
+    dead_lettered: int = 0
+    discarded: int = 0
+    woken: set[int] = field(default_factory=set)
+
+
+async def lock_queues(conn: AsyncConnection, ids: Iterable[int]) -> None:
+    await conn.execute(LOCK_QUEUES, {"ids": sorted(set(ids))})
+
+
+async def ready_sizes(
+    conn: AsyncConnection, queues: Sequence[QueueInfo]
+) -> dict[int, tuple[int, int]]:
+    """(ready copies, their body bytes) of each queue; bytes are 0 where the queue has no
+    ``x-max-length-bytes``."""
+    params = {
+        "ids": [q.id for q in queues],
+        "with_bytes": [q.arguments.max_length_bytes is not None for q in queues],
+    }
+    rows = (await conn.execute(READY_SIZES, params)).all()
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+async def driver(conn: AsyncConnection) -> asyncpg.Connection:
+    """The asyncpg connection under ``conn``, in its transaction (which must have begun:
+    call after a statement ran on ``conn``)."""
+    raw = await conn.get_raw_connection()
+    found: asyncpg.Connection = raw.driver_connection
+    return found
+
+
+async def store_rejected(
+    conn: AsyncConnection,
+    messages: Sequence[tuple[str, OutgoingMessage]],
+    copies: Sequence[tuple[int, int]],
+    priorities: Sequence[int | None],
+) -> list[Row]:
+    """Store copies that ``drop`` then dead-letters at once, in order: reject-publish-dlx's
+    rejected copies (stored in their full queue for an instant of this transaction)."""
+    if not copies:
+        return []
+    db = await driver(conn)
+    stmt = queries.INSERT_COPIES_RETURNING
+    params = insert_params(messages, copies, str(uuid.uuid4()), priorities)
+    rows = await db.fetch(stmt.sql, *stmt.args(params))
+    return [_row((*r[:4], 0, r[4])) for r in rows]
+
+
+async def drop(conn: AsyncConnection, queue: QueueInfo, rows: Sequence[Row]) -> Dropped:
+    """THE maxlen dead-lettering: ``rows`` of ``queue`` leave it, dead-lettered with reason
+    ``maxlen`` to its dead-letter target when it has one (through the retry path's
+    ``deliveries.dead_letter``, as every dead-lettering), else deleted."""
+    done = Dropped()
+    if not rows:
+        return done
+    target = queue.dead_letter_queue_id
+    if target is None:
+        await deliveries.discard(conn, [r.id for r in rows])
+        done.discarded = len(rows)
+        return done
+    reason = DeathReason.MAXLEN
+    moves = [(r.id, target, death_headers(r, queue=queue.name, reason=reason)) for r in rows]
+    await deliveries.dead_letter(conn, moves)
+    done.dead_lettered = len(rows)
+    done.woken.add(target)
+    return done
+
+
+async def _head(conn: AsyncConnection, queue_id: int, n: int) -> list[Row]:
+    rows = (await conn.execute(HEAD, {"queue_id": queue_id, "n": n})).all()
+    return [_row(r) for r in rows]
+
+
+async def trim(
+    conn: AsyncConnection,
+    queue: QueueInfo,
+    ready: int,
+    ready_bytes: int,
+    *,
+    delete: bool = False,
+) -> tuple[Dropped, int, int]:
+    """Drop-head ``queue`` (holding ``ready`` copies of ``ready_bytes`` body bytes, counted
+    under its lock) until it is within its limits; returns what left and what remains.
+    ``delete``: delete them even if the queue has a dead-letter target."""
+    leaving: list[Row] = []
+    over, over_bytes = limits.over(queue.arguments, ready, ready_bytes)
+    batch = max(over, 16 if over_bytes else 0)
+    while over > 0 or over_bytes > 0:
+        head = await _head(conn, queue.id, len(leaving) + batch)
+        fresh = head[len(leaving) :]
+        if not fresh:
+            break  # the rest is locked by claims: leaving the ready set anyway
+        for row in fresh:
+            if over <= 0 and over_bytes <= 0:
+                break
+            leaving.append(row)
+            over -= 1
+            over_bytes -= row.size
+            ready -= 1
+            ready_bytes -= row.size
+        batch *= 2
+    if delete and leaving:
+        await deliveries.discard(conn, [r.id for r in leaving])
+        return Dropped(discarded=len(leaving)), ready, ready_bytes
+    return await drop(conn, queue, leaving), ready, ready_bytes
+
+
+async def enforce(
+    conn: AsyncConnection,
+    queues: Mapping[int, QueueInfo],
+    ids: Iterable[int],
+) -> Dropped:
+    """Bring each limited queue of ``ids`` within its limits (drop-head), and on through the
+    dead-letter queues that receive its dropped copies; the caller holds ``lock_queues`` on
+    all of them (``Limits.closure``). A cycle of full dead-letter queues is cut after a few
+    rounds by deleting instead."""
+    total = Dropped()
+    pending = {i for i in ids if i in queues and queues[i].arguments.limited}
+    for round_ in range(_ROUNDS):
+        if not pending:
+            break
+        infos = [queues[i] for i in sorted(pending)]
+        sizes = await ready_sizes(conn, infos)
+        pending = set()
+        for info in infos:
+            ready, ready_bytes = sizes.get(info.id, (0, 0))
+            last = round_ == _ROUNDS - 1
+            done, _, _ = await trim(conn, info, ready, ready_bytes, delete=last)
+            total.dead_lettered += done.dead_lettered
+            total.discarded += done.discarded
+            total.woken |= done.woken
+            pending |= {q for q in done.woken if q in queues and queues[q].arguments.limited}
+    return total
+
+
+#: dead-letter hops that enforce follows in one transaction
+_ROUNDS = 8
