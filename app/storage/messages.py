@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, TextClause, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.arguments import parse_expiration
 from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
 from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
@@ -178,6 +179,7 @@ async def insert_copies(
         "body": [m.body for _, m in messages],
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
+        "expiration_ms": [parse_expiration(m.properties.get("expiration")) for _, m in messages],
     }
     statement = queries.INSERT_COPIES
     if handoff is not None:
