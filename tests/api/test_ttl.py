@@ -45,12 +45,13 @@ def ttls(srv: LiveServer, queue: str) -> dict[str, float | None]:
     async def read() -> list[Any]:
         conn = await asyncpg.connect(asyncpg_dsn(srv.database_url))
         try:
-            return await conn.fetch(
+            rows: list[Any] = await conn.fetch(
                 "SELECT convert_from(m.body, 'UTF8'),"
                 " EXTRACT(EPOCH FROM m.expires_at - m.available_at) * 1000"
                 " FROM messages AS m JOIN queues AS q ON q.id = m.queue_id WHERE q.name = $1",
                 queue,
             )
+            return rows
         finally:
             await conn.close()
 
