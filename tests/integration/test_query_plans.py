@@ -205,6 +205,7 @@ def _publish(queue_id: int, owner: str | None = None) -> dict[str, Any]:
         "body": [b"1"],
         "is_binary": [False],
         "delay_ms": [0],
+        "expiration_ms": [None],
     }
     if owner is not None:
         params.update(process_id=owner, copy_owner=[owner], copy_lease=[30.0])
