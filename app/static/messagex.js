@@ -208,6 +208,8 @@ export class Client extends EventTarget {
    * Publish with confirm: `message` is a publish body (routing_key, body or body_base64,
    * headers, properties, delay_ms, mandatory) plus `exchange`, or `queue` for the default
    * exchange. Resolves with {routed, queues, message_id} once the broker has committed it.
+   * `properties.expiration` (a string of decimal digits, ms) is the message's time to live in
+   * each queue it reaches; the queue's `x-message-ttl` wins when smaller.
    */
   async publish(message) {
     await this._waitOpen();

@@ -366,6 +366,7 @@ class Client:
         content_type: str | None = None,
         delay_ms: int = 0,
         mandatory: bool = False,
+        expiration_ms: int | None = None,
     ) -> PublishResult:
         """Publish with confirm: returns once the broker has committed the message.
 
@@ -374,6 +375,9 @@ class Client:
         payload. Raises :class:`Unroutable` for a ``mandatory`` publish that matched no
         queue, :class:`ConnectionLost` when the connection dropped before the confirm (the
         outcome is then unknown: give a ``message_id`` to de-duplicate a retry).
+        ``expiration_ms`` is the message's time to live in each queue it reaches (AMQP's
+        ``expiration`` property, sent as its decimal string; the queue's ``x-message-ttl``
+        wins when smaller; 0 to 4294967295).
         """
         if (exchange is None) == (queue is None):
             raise ValueError("give exactly one of exchange and queue")
@@ -391,6 +395,7 @@ class Client:
             "correlation_id": correlation_id,
             "reply_to": reply_to,
             "content_type": content_type,
+            "expiration": None if expiration_ms is None else str(expiration_ms),
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
         reply = await self._call(frame)
