@@ -163,3 +163,15 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         assert ratio == 1.0 if name.endswith("=10") else ratio > 0, (name, ratio)
     assert scale["mx declare queues=200"]["elapsed_s"] > 0
     assert "scale (issue 19)" in stdout
+
+
+def test_smoke_run_measures_expiry_beside_delivery(smoke: tuple[dict[str, Any], str]) -> None:
+    doc, stdout = smoke
+    expiry = {s["name"]: s for s in by_group(doc, "expiry")}
+    assert set(expiry) == {"mx expire 2000", "mx deliver 2000"}, sorted(expiry)
+    for s in expiry.values():
+        assert s["status"] == "ok", s
+        assert s["messages"] == 2000
+        assert s["rate"] > 0
+    assert set(expiry["mx expire 2000"]["extra"]["cpu_vs_delivery"]) >= {"broker", "postgres"}
+    assert "expiry vs delivery (issue 20)" in stdout
