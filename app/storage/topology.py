@@ -257,9 +257,14 @@ async def _delete_unused_auto_delete_exchanges(
     if not exchange_ids:
         return []
     no_binding = ~exists().where(_b.c.exchange_id == _ex.c.id)
+    # A queue's x-dead-letter-exchange is never deleted from under it (contract §13).
+    dlx = _q.c.arguments.op("->>")(literal("x-dead-letter-exchange"))
+    no_dead_letter_use = ~exists().where(
+        _q.c.arguments.has_key("x-dead-letter-exchange"), dlx == _ex.c.name
+    )
     stmt = (
         delete(_ex)
-        .where(_ex.c.id.in_(exchange_ids), _ex.c.auto_delete, no_binding)
+        .where(_ex.c.id.in_(exchange_ids), _ex.c.auto_delete, no_binding, no_dead_letter_use)
         .returning(_ex.c.name)
     )
     return list((await conn.execute(stmt)).scalars())

@@ -417,3 +417,15 @@ def test_an_expiring_queue_goes_the_way_delete_does(srv: LiveServer, adm: httpx.
     r = adm.get("/bindings", params={"queue": q})
     assert r.status_code == 200
     assert r.json()["items"] == []
+
+
+def test_an_auto_delete_exchange_named_as_dead_letter_exchange_stays(adm: httpx.Client) -> None:
+    dlx, q, bound = fresh("dlx"), fresh(), fresh("b")
+    r = adm.put(f"/exchanges/{dlx}", json={"type": "direct", "auto_delete": True})
+    assert r.status_code == 201, r.text
+    declare_queue(adm, bound)
+    bind(adm, dlx, bound, "k")
+    declare_queue(adm, q, arguments={"x-dead-letter-exchange": dlx})
+    # its last binding goes with the queue: an auto-delete exchange would go too, but q names it
+    assert adm.delete(f"/queues/{bound}").status_code == 204
+    assert adm.get(f"/exchanges/{dlx}").status_code == 200
