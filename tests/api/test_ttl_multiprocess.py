@@ -59,7 +59,8 @@ def test_two_processes_expire_each_copy_exactly_once(pair: Pair) -> None:
         assert r.status_code == 200, r.text
 
     def moved() -> bool:
-        return pair.rest_a.get(f"/queues/{target}").json()["stats"]["ready"] == COPIES
+        ready: int = pair.rest_a.get(f"/queues/{target}").json()["stats"]["ready"]
+        return ready == COPIES
 
     wait_for(moved, 15, message="every copy dead-lettered")
     bodies = [m["body"] for m in browse(pair.rest_a, target)]
