@@ -11,7 +11,6 @@ custom and generic plans, statistics by ANALYZE):
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from sqlalchemy import TextClause
 from app.storage import deliveries, queries, topology
 from app.storage.dsn import asyncpg_dsn
 from app.storage.fastpath import Statement
-from tests.integration.test_query_plans import MODES, _plan, _scans
+from tests.integration.test_query_plans import MODES, _plan, _scans, claim_params
 
 BACKLOG = 50_000
 QUEUES = 20_000
@@ -107,14 +106,7 @@ async def test_the_claim_of_an_expiring_queue_walks_its_index(
     conn: asyncpg.Connection, mode: str
 ) -> None:
     queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'ttl'")
-    params = {
-        "queue_id": queue_id,
-        "n": 100,
-        "lease_seconds": 30.0,
-        "process_id": str(uuid.uuid4()),
-        "owners": [str(uuid.uuid4())] * 100,
-        "owner_user": None,
-    }
+    params = claim_params(queue_id)
     scans = _scans(await _plan(conn, queries.CLAIM, params, mode))
     assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), scans
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), scans
