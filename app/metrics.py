@@ -69,6 +69,25 @@ class Metrics:
             ["reason", "outcome"],
             registry=r,
         )
+        self.expired = Counter(
+            "messagex_messages_expired",
+            "Copies that expired (TTL, contract §13), by outcome: dead_lettered or discarded",
+            ["outcome"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "messagex_messages_dead_lettered",
+            "Copies dead-lettered, by x-death reason (rejected, expired, maxlen, delivery_limit)",
+            ["reason"],
+            registry=r,
+        )
+        self.dead_letter_dropped = Counter(
+            "messagex_dead_letters_dropped",
+            "Dead-lettered copies dropped, by reason: their dead-letter exchange matched no "
+            "queue, or the cycle rule",
+            ["reason"],
+            registry=r,
+        )
         self.connections = Gauge(
             "messagex_websocket_connections", "Open WebSocket connections", registry=r
         )

@@ -23,7 +23,18 @@ from typing import Any
 
 from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
-from bench import backlog, ceiling, groupcommit, limits, mx, rabbit, report, scale, scale_idle
+from bench import (
+    backlog,
+    ceiling,
+    expiry,
+    groupcommit,
+    limits,
+    mx,
+    rabbit,
+    report,
+    scale,
+    scale_idle,
+)
 from bench.infra import (
     DEFAULT_DATABASE_URL,
     DEFAULT_RABBITMQ_URL,
@@ -38,8 +49,27 @@ from bench.infra import (
 )
 from bench.stats import MESSAGE_BYTES, BenchError, Result, scenario_name
 
-GROUPS = ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "backlog", "scale", "limits")
-NEEDS_BROKER = {"ceiling", "messagex", "groupcommit", "idle", "backlog", "scale", "limits"}
+GROUPS = (
+    "ceiling",
+    "messagex",
+    "groupcommit",
+    "rabbitmq",
+    "idle",
+    "backlog",
+    "scale",
+    "limits",
+    "expiry",
+)
+NEEDS_BROKER = {
+    "ceiling",
+    "messagex",
+    "groupcommit",
+    "idle",
+    "backlog",
+    "scale",
+    "limits",
+    "expiry",
+}
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
 CEILING_BATCHES = (1, 10, 100)
@@ -63,6 +93,7 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "declare_queues": (10_000, 200),
     "list_queues": (100_000, 2_000),
     "overview": ((1_000_000, 10_000), (10_000, 100)),
+    "expiry_count": (100_000, 2_000),  # issue 20: copies expired vs delivered
 }
 
 
@@ -144,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 #: the groups whose scenarios use the bench database's messages table
-ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits"})
+ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry"})
 
 
 @dataclass
@@ -373,6 +404,12 @@ class Run:
         )
         await self.scenario("backlog", "backlog", backlog.run(settings))
 
+    async def run_expiry(self) -> None:
+        assert self.pg is not None
+        count = DEFAULTS["expiry_count"][1 if self.cfg.smoke else 0]
+        settings = expiry.Settings(self.mx_settings(), self.pg.url, count)
+        await self.scenario("expiry", "expiry", expiry.run(settings))
+
     async def run_scale(self) -> None:
         """Issue 19: bindings (MessageX beside RabbitMQ), many queues (declared, listed, and
         under a million messages in the overview), then idle subscriptions, delayed
@@ -475,6 +512,7 @@ class Run:
             "backlog": self.run_backlog,
             "scale": self.run_scale,
             "limits": self.run_limits,
+            "expiry": self.run_expiry,
         }
         started = time.monotonic()
         try:

@@ -158,6 +158,14 @@ def _scale_row(r: Result) -> str:
     )
 
 
+def _expiry_row(r: Result) -> str:
+    cpu = r.cpu_s_per_1k
+    return (
+        f"{r.name:<44} {r.status:<10} {r.messages:>7} {_fmt(r.rate, '.0f'):>9} "
+        f"{_fmt(cpu.get('broker'), '.3f'):>7} {_fmt(cpu.get('postgres'), '.3f'):>7}"
+    )
+
+
 def _ratio_row(r: dict[str, Any], rounds: bool) -> str:
     row = (
         f"{r['messagex']:<44} {r['baseline']:<40} {_fmt(r['rate'], '.3f'):>7} "
@@ -198,6 +206,12 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
             f"{'scale (issue 19)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} "
             f"{'p50/10':>7} {'p99/10':>7} {'total s':>8}",
             _scale_row,
+        ),
+        (
+            "expiry",
+            f"{'expiry vs delivery (issue 20)':<44} {'status':<10} {'copies':>7} {'copies/s':>9} "
+            f"{'broker':>7} {'pg':>7}",
+            _expiry_row,
         ),
     )
     for group, header, row in sections:

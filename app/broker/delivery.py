@@ -36,6 +36,10 @@ from app.storage.messages import DeletedMessage
 
 log = logging.getLogger("messagex.delivery")
 
+#: how often each process sweeps expired copies (contract §13: they leave within 1 s); every
+#: process sweeps, SKIP LOCKED shares the rows out, and an idle sweep is one index probe
+EXPIRY_SWEEP_SECONDS = 0.25
+
 
 class DeliveryEngine:
     def __init__(
@@ -87,6 +91,10 @@ class DeliveryEngine:
         spawn(every(HEARTBEAT_SECONDS, self.presence.beat, "heartbeat"), name="heartbeat")
         interval = self.settings.ack_timeout_check_interval_ms / 1000
         spawn(every(interval, self.settlement.sweep_expired, "ack-timeout"), name="ack-timeout")
+        spawn(
+            every(EXPIRY_SWEEP_SECONDS, self.settlement.sweep_expired_copies, "expiry"),
+            name="expiry",
+        )
         spawn(every(RECONCILE_SECONDS, self.credit.reconcile_all, "reconcile"), name="reconcile")
         spawn(every(LIVENESS_SECONDS, self.credentials.check, "liveness"), name="liveness")
 

@@ -51,6 +51,17 @@ class Limits:
         self.db = db
         self.metrics = metrics
         self._infos: dict[int, QueueInfo] = {}
+        self._hook: store.DeadLetterHook | None = None
+
+    def set_dead_letter(self, hook: store.DeadLetterHook) -> None:
+        """Dead-letter dropped and rejected copies (reason maxlen) with the retry path's one
+        dead-lettering (``Settlement.dead_letter_maxlen``)."""
+        self._hook = hook
+
+    async def _dead_letter(self, conn: Any, ids: list[int]) -> set[int]:
+        if self._hook is None:
+            raise RuntimeError("no dead-letter hook set")
+        return await self._hook(conn, ids)
 
     async def infos(self, ids: Iterable[int]) -> dict[int, QueueInfo]:
         """The queues of ``ids`` that exist (a deleted one is simply missing)."""
@@ -117,7 +128,7 @@ class Limits:
         if not ids or not await self.any_limited(ids):
             return Dropped()
         found = await self.hold(conn, ids)
-        return await store.enforce(conn, found, ids)
+        return await store.enforce(conn, found, ids, self._dead_letter)
 
     # -- a publish --------------------------------------------------------------------------
 
@@ -156,9 +167,7 @@ class Limits:
                 continue
             admission.rejected.add(index)
             info = infos[q]
-            if info.arguments.overflow is Overflow.REJECT_PUBLISH_DLX and (
-                info.dead_letter_queue_id is not None
-            ):
+            if info.arguments.overflow is Overflow.REJECT_PUBLISH_DLX and store.has_target(info):
                 dlx.append(index)
         if dlx:
             rows = await store.store_rejected(
@@ -171,7 +180,7 @@ class Limits:
             for index, row in zip(dlx, rows, strict=True):
                 by_queue.setdefault(copies[index][1], []).append(row)
             for q, queue_rows in by_queue.items():
-                done = await store.drop(conn, infos[q], queue_rows)
+                done = await store.drop(conn, infos[q], queue_rows, self._dead_letter)
                 admission.dead_lettered += done.dead_lettered
                 admission.dropped.woken |= done.woken
         return admission
@@ -181,7 +190,9 @@ class Limits:
     ) -> None:
         """After the group's INSERT: drop-head the limited queues (and the dead-letter queues
         that just received copies) back within their limits."""
-        done = await store.enforce(conn, infos, set(limited) | admission.dropped.woken)
+        done = await store.enforce(
+            conn, infos, set(limited) | admission.dropped.woken, self._dead_letter
+        )
         admission.dropped.dead_lettered += done.dead_lettered
         admission.dropped.discarded += done.discarded
         admission.dropped.woken |= done.woken

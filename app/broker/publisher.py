@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.auth.permissions import Access, require
 from app.broker.limits import Admission, Limits, QueueInfo
@@ -179,6 +179,20 @@ class Publisher:
         require(actor, Access.WRITE, queue_name, "queue")
         prepared = [m.evolve(routing_key=queue_name) for m in self._prepare(messages)]
         return await self._submit(_Request(None, queue_name, prepared))
+
+    async def route_many(
+        self, exchange: str, items: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[list[tuple[str, int]]]:
+        """Route (routing key, headers) pairs through ``exchange`` as a publish would, storing
+        nothing: for each, the (name, id) of every queue it reaches; none when the exchange
+        is gone. Dead-lettering through an exchange uses it (broker/settlement.py), so both
+        share one router."""
+        found = await self.routing.load(self.db.hot, [exchange])
+        routes = found.get(exchange)
+        if routes is None:
+            return [[] for _ in items]
+        route = routes.route
+        return [[(q, routes.queue_ids[q]) for q in route(key, headers)] for key, headers in items]
 
     async def close(self) -> None:
         await self.tasks.close()

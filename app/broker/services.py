@@ -19,6 +19,9 @@ from app.storage.database import Database
 
 #: expired sessions are deleted (and their sockets closed) this often
 SESSION_SWEEP_SECONDS = 60.0
+#: queues whose x-expires ran out are looked for this often (contract §13: at least once a
+#: second); one probe of ix_queues_idle_expires_at when there are none
+QUEUE_EXPIRY_SECONDS = 0.5
 
 
 @dataclass
@@ -44,6 +47,8 @@ class Services:
         await self.auth.bootstrap()
         self.publisher.add_published_listener(self.delivery.on_published)
         self.publisher.set_reserve(self.subscriptions.reserve)
+        self.delivery.settlement.set_router(self.publisher.route_many)
+        self.publisher.limits.set_dead_letter(self.delivery.settlement.dead_letter_maxlen)
         self.topology.add_queue_deleted_listener(self.delivery.on_queue_deleted)
         self.browser.add_deleted_listener(self.delivery.on_message_deleted)
         self.auth.add_listener(self._on_auth_event)
@@ -55,6 +60,10 @@ class Services:
         self.tasks.spawn(
             every(SESSION_SWEEP_SECONDS, self.publisher.sweep_receipts, "receipt-sweep"),
             name="receipt-sweep",
+        )
+        self.tasks.spawn(
+            every(QUEUE_EXPIRY_SECONDS, self.topology.expire_idle_queues, "queue-expiry"),
+            name="queue-expiry",
         )
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:

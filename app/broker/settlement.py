@@ -3,8 +3,10 @@ loop of the ones that are not acknowledged (domain.retry decides, storage applie
 
 Each retry-path settlement is one transaction of the same round trips as when storage made
 the decisions itself: one statement locks the rows (``deliveries.lock_*``), ``decide_all``
-runs in Python in between, and at most four statements apply what it decided
-(``deliveries.apply_decisions``, none for an empty list).
+runs in Python in between, and at most three statements apply what it decided
+(``deliveries.apply_decisions``, none for an empty list); dead-lettering (``dead_letter``, the
+one way a copy is dead-lettered, for every reason) adds at most three more, and one read of
+the routes when the target is an exchange.
 """
 
 from __future__ import annotations
@@ -12,23 +14,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.broker.limits import Limits
 from app.broker.tasks import TaskOwner
-from app.domain.retry import Decision, Outcome, death_headers, decide
+from app.domain.retry import DeathReason, Decision, Outcome, decide, is_cycle, with_death
 from app.errors import UnknownDeliveryTag
 from app.metrics import Metrics
 from app.storage import deliveries
-from app.storage.database import Database
-from app.storage.deliveries import Decisions, Unsettled
+from app.storage.database import Connection, Database
+from app.storage.deliveries import DeadLetterMove, Decisions, Unsettled
 
 log = logging.getLogger("messagex.settle")
 
 #: rows per statement when sweeping expired leases
 SWEEP_BATCH = 500
+#: rows per transaction when sweeping expired copies (contract §13)
+EXPIRY_BATCH = 2000
 
 
 #: "<message id>.<128 bits in lowercase hex>": ASCII digits only, so ``int`` reads the id
@@ -58,6 +63,8 @@ class Settled:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     woken_queues: set[int] = field(default_factory=set)
     owners: set[str] = field(default_factory=set)
+    #: the rows that expired instead of returning to ready, with their outcome
+    expired: dict[int, Outcome] = field(default_factory=dict)
 
 
 def decide_all(rows: Sequence[Unsettled], *, requeue: bool) -> tuple[Settled, Decisions]:
@@ -68,10 +75,13 @@ def decide_all(rows: Sequence[Unsettled], *, requeue: bool) -> tuple[Settled, De
         decision = decide(
             delivery_count=row.delivery_count,
             max_delivery_count=row.max_delivery_count,
-            has_dead_letter_queue=row.dead_letter_queue_id is not None,
+            has_dead_letter_target=row.has_dead_letter_target,
             requeue=requeue,
+            expired=row.expired,
         )
         settled.outcomes[row.id] = decision.outcome
+        if decision.reason is DeathReason.EXPIRED:
+            settled.expired[row.id] = decision.outcome
         if row.owner_connection:
             settled.owners.add(row.owner_connection)
         _sort(row, decision, settled, decisions)
@@ -88,10 +98,71 @@ def _sort(row: Unsettled, decision: Decision, settled: Settled, decisions: Decis
         decisions.discard.append(row.id)
     else:
         assert decision.reason is not None
-        assert row.dead_letter_queue_id is not None
-        headers = death_headers(row, queue=row.queue_name, reason=decision.reason)
-        decisions.dead_letter.append((row.id, row.dead_letter_queue_id, headers))
-        settled.woken_queues.add(row.dead_letter_queue_id)
+        decisions.dead_letter.append((row, decision.reason))
+
+
+#: ``route(exchange, [(routing key, headers)])``: for each item, the (name, id) of every queue
+#: that the exchange routes it to — the publisher's router (``Publisher.route_many``).
+DeadLetterRouter = Callable[
+    [str, Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[list[list[tuple[str, int]]]]
+]
+
+
+@dataclass
+class DeadLettered:
+    """What ``Settlement.dead_letter`` did: the queues that got ready copies, and the copies
+    dropped instead (matched no queue, or the cycle rule), by reason."""
+
+    woken_queues: set[int] = field(default_factory=set)
+    dropped: Counter[DeathReason] = field(default_factory=Counter)
+
+
+def plan_dead_letters(
+    doomed: Sequence[tuple[Unsettled, DeathReason]],
+    routed: Mapping[int, list[tuple[str, int]]],
+) -> tuple[list[DeadLetterMove], list[DeadLetterMove], list[int], DeadLettered]:
+    """Where each doomed copy goes (contract §10, §13), no I/O: ``routed`` gives, for a copy
+    whose queue has a dead-letter exchange, the queues that exchange routes it to. Returns
+    (moves, further copies, ids to drop, result)."""
+    moves: list[DeadLetterMove] = []
+    copies: list[DeadLetterMove] = []
+    drop: list[int] = []
+    result = DeadLettered()
+    for row, reason in doomed:
+        headers = with_death(
+            row.headers,
+            queue=row.queue_name,
+            reason=reason,
+            time=row.now,
+            exchange=row.exchange,
+            routing_key=row.routing_key,
+        )
+        if row.dead_letter_queue_id is not None:
+            targets = [(row.dead_letter_queue or "", row.dead_letter_queue_id)]
+            exchange, key = row.exchange, row.routing_key
+        else:
+            assert row.dead_letter_exchange is not None
+            targets = routed.get(row.id, [])
+            exchange = row.dead_letter_exchange
+            key = dead_letter_key(row)
+        targets = [t for t in targets if not is_cycle(headers, queue=t[0], reason=reason)]
+        if not targets:
+            drop.append(row.id)
+            result.dropped[reason] += 1
+            continue
+        first, *rest = targets
+        moves.append(DeadLetterMove(row.id, first[1], headers, exchange, key))
+        copies.extend(DeadLetterMove(row.id, q, headers, exchange, key) for _, q in rest)
+        result.woken_queues.update(q for _, q in targets)
+    return moves, copies, drop, result
+
+
+def dead_letter_key(row: Unsettled) -> str:
+    """The routing key a copy is dead-lettered with through an exchange: the queue's
+    x-dead-letter-routing-key, else the copy's own."""
+    if row.dead_letter_routing_key is not None:
+        return row.dead_letter_routing_key
+    return row.routing_key
 
 
 class _AckGroup:
@@ -121,18 +192,11 @@ class Settlement:
         self.after_settle = after_settle
         #: the length rule for copies that become ready again (contract §13)
         self.limits = Limits(db, metrics)
+        self.limits.set_dead_letter(self.dead_letter_maxlen)
         # (message id, tag, owner connection, group, index in the group)
         self._pending: list[tuple[int, str, str, _AckGroup, int]] = []
         self._flushing = False
-
-    async def _apply(self, conn: Any, settled: Settled, decisions: Decisions) -> None:
-        """Apply the retry decisions, then the length rule to the queues that got ready
-        copies (broker/limits.py): in the same transaction, so no commit leaves a limited
-        queue above its limit. Counted as it happens (a rollback fails the settlement)."""
-        await deliveries.apply_decisions(conn, decisions)
-        dropped = await self.limits.after_ready(conn, settled.woken_queues)
-        self.limits.count_dropped(dropped)
-        settled.woken_queues |= dropped.woken
+        self._router: DeadLetterRouter | None = None
 
     # -- ACK ------------------------------------------------------------------------------
 
@@ -230,6 +294,7 @@ class Settlement:
             await self._apply(conn, settled, decisions)
         outcome = settled.outcomes[row.id]
         self.metrics.nacked.labels(outcome=outcome.value).inc()
+        self._count_expired(settled)
         settled.owners.discard(owner_connection or "")
         self.after_settle(settled)
         return outcome, row.queue_id
@@ -273,3 +338,98 @@ class Settlement:
     def _count(self, reason: str, settled: Settled) -> None:
         for outcome in settled.outcomes.values():
             self.metrics.released.labels(reason=reason, outcome=outcome.value).inc()
+        self._count_expired(settled)
+
+    def _count_expired(self, settled: Settled) -> None:
+        for outcome in settled.expired.values():
+            self.metrics.expired.labels(outcome=outcome.value).inc()
+
+    # -- dead-lettering: the one way a copy is dead-lettered -------------------------------
+
+    def set_router(self, router: DeadLetterRouter) -> None:
+        """Route copies dead-lettered through an exchange with the publisher's router."""
+        self._router = router
+
+    async def _apply(self, conn: Connection, settled: Settled, decisions: Decisions) -> None:
+        """Apply the retry decisions and dead-letter, then the length rule to the queues that
+        got ready copies (broker/limits.py): in the same transaction, so no commit leaves a
+        limited queue above its limit. Counted as it happens (a rollback fails the
+        settlement)."""
+        await deliveries.apply_decisions(conn, decisions)
+        if decisions.dead_letter:
+            done = await self.dead_letter(conn, decisions.dead_letter)
+            settled.woken_queues |= done.woken_queues
+        dropped = await self.limits.after_ready(conn, settled.woken_queues)
+        self.limits.count_dropped(dropped)
+        settled.woken_queues |= dropped.woken
+
+    async def dead_letter(
+        self, conn: Connection, doomed: Sequence[tuple[Unsettled, DeathReason]]
+    ) -> DeadLettered:
+        """Dead-letter locked rows (``deliveries.lock_*``), each for its reason, to its queue's
+        dead-letter target, in the caller's transaction: the one way a copy is dead-lettered
+        (contract §10, §13). A dead-letter queue gets the copy itself; a dead-letter exchange
+        routes it like a publish (with x-dead-letter-routing-key, else its own key) and each
+        queue it matches gets a new ready copy; the cycle rule drops it from a queue it died
+        in for the same reason (unless rejected); a copy left with no queue is deleted.
+        Every row must have a dead-letter target. The caller wakes ``woken_queues`` after
+        its commit (``after_settle``)."""
+        routed: dict[int, list[tuple[str, int]]] = {}
+        by_exchange: dict[str, list[Unsettled]] = {}
+        for row, _ in doomed:
+            if row.dead_letter_queue_id is None and row.dead_letter_exchange is not None:
+                by_exchange.setdefault(row.dead_letter_exchange, []).append(row)
+        for exchange, rows in by_exchange.items():
+            if self._router is None:
+                raise RuntimeError("no dead-letter router set")
+            items = [(dead_letter_key(r), r.headers) for r in rows]
+            for row, queues in zip(rows, await self._router(exchange, items), strict=True):
+                routed[row.id] = queues
+        moves, copies, drop, done = plan_dead_letters(doomed, routed)
+        await deliveries.dead_letter(conn, moves, copies)
+        await deliveries.discard(conn, drop)
+        for reason, n in Counter(reason for _, reason in doomed).items():
+            self.metrics.dead_lettered.labels(reason=reason.value).inc(n)
+        for reason, n in done.dropped.items():
+            self.metrics.dead_letter_dropped.labels(reason=reason.value).inc(n)
+        return done
+
+    async def dead_letter_ids(
+        self, conn: Connection, ids: Sequence[int], reason: DeathReason
+    ) -> DeadLettered:
+        """Lock the copies ``ids`` and dead-letter those whose queue has a dead-letter target
+        for ``reason``, deleting the others (e.g. ``maxlen`` drop-head), in the caller's
+        transaction; the caller wakes ``woken_queues`` after its commit."""
+        rows = await deliveries.lock_by_ids(conn, ids)
+        await deliveries.discard(conn, [r.id for r in rows if not r.has_dead_letter_target])
+        return await self.dead_letter(conn, [(r, reason) for r in rows if r.has_dead_letter_target])
+
+    async def dead_letter_maxlen(self, conn: Connection, ids: list[int]) -> set[int]:
+        """The length rule's dead-lettering (``storage.limits.DeadLetterHook``): the copies
+        ``ids`` leave with reason ``maxlen``; returns the queues that received copies."""
+        return (await self.dead_letter_ids(conn, ids, DeathReason.MAXLEN)).woken_queues
+
+    async def sweep_expired_copies(self) -> int:
+        """Remove ready copies past their expiry (contract §13): dead-lettered with reason
+        ``expired`` where their queue has a target, else deleted. Safe when several processes
+        sweep at once (SKIP LOCKED); batches until none is left."""
+        total = 0
+        while True:
+            async with self.db.transaction() as conn:
+                rows = await deliveries.lock_expired_ready(conn, EXPIRY_BATCH)
+                doomed = [(r, DeathReason.EXPIRED) for r in rows if r.has_dead_letter_target]
+                gone = [r.id for r in rows if not r.has_dead_letter_target]
+                await deliveries.discard(conn, gone)
+                done = await self.dead_letter(conn, doomed)
+                dropped = await self.limits.after_ready(conn, done.woken_queues)
+            self.limits.count_dropped(dropped)
+            done.woken_queues |= dropped.woken
+            if gone:
+                self.metrics.expired.labels(outcome=Outcome.DISCARDED.value).inc(len(gone))
+            if doomed:
+                self.metrics.expired.labels(outcome=Outcome.DEAD_LETTERED.value).inc(len(doomed))
+            if done.woken_queues:
+                self.after_settle(Settled(woken_queues=done.woken_queues))
+            total += len(rows)
+            if len(rows) < EXPIRY_BATCH:
+                return total

@@ -189,22 +189,31 @@ class TopologyService:
             raise ValidationFailed.on_field(
                 "dead_letter_queue", "a queue cannot be its own dead-letter queue"
             )
-        check_dead_letter_target(parse_queue_arguments(queue.arguments), queue.dead_letter_queue)
+        arguments = parse_queue_arguments(queue.arguments)
+        check_dead_letter_target(arguments, queue.dead_letter_queue)
+        dlx = arguments.dead_letter_exchange
         _refuse_reserved(queue.name, "queue")
         require(user, Access.CONFIGURE, queue.name, "queue")
         if queue.dead_letter_queue is not None:
             require(user, Access.WRITE, queue.dead_letter_queue, "queue")
-        # Without a dead-letter queue to hold locked, each statement stands alone: a new
+        if dlx is not None:  # dead-lettering publishes there
+            require(user, Access.WRITE, dlx, "exchange")
+        locked = queue.dead_letter_queue is not None or dlx is not None
+        # Without a dead-letter target to hold locked, each statement stands alone: a new
         # queue is one statement on the hot path's executor (no BEGIN, no COMMIT round trip,
         # no SQLAlchemy execution); an existing one is compared on an autocommit connection.
-        if queue.dead_letter_queue is None and await store.create_queue(self.db.hot, queue):
+        if not locked and await store.create_queue(self.db.hot, queue):
             log.info("queue '%s' declared by '%s'", queue.name, user.username)
             return QueueInfo(queue, QueueStats()), True
-        scope = self.db.connect if queue.dead_letter_queue is None else self.db.transaction
+        scope = self.db.transaction if locked else self.db.connect
         async with scope() as conn:
+            if dlx is not None and not await store.lock_exchange_key_share(conn, dlx):
+                raise NotFound(f"dead-letter exchange '{dlx}' not found")
             declared = await store.declare_queue(conn, queue)
             if declared.differing:
                 raise _differs("queue", queue.name, declared.differing)
+            if arguments.expires_ms is not None:  # declared or re-declared: used now
+                await store.touch_queue(conn, queue.name)
             stats = QueueStats()
             if not declared.created:
                 stats = (await store.queue_stats(conn, [queue.name])).get(queue.name, stats)
@@ -244,12 +253,40 @@ class TopologyService:
         """Delete the queue; after the commit, tell the queue-deleted listeners."""
         _refuse_reserved(name, "queue")
         require(user, Access.CONFIGURE, name, "queue")
+        await self._delete_queue(name, user.username, if_empty=if_empty, if_unused=if_unused)
+
+    async def _delete_queue(
+        self,
+        name: str,
+        by: str,
+        *,
+        if_empty: bool = False,
+        if_unused: bool = False,
+        if_idle: bool = False,
+    ) -> None:
         async with self.db.transaction() as conn:
-            exchanges = await store.delete_queue(conn, name, if_empty=if_empty, if_unused=if_unused)
-        log.info("queue '%s' deleted by '%s'", name, user.username)
+            exchanges = await store.delete_queue(
+                conn, name, if_empty=if_empty, if_unused=if_unused, if_idle=if_idle
+            )
+        log.info("queue '%s' deleted by '%s'", name, by)
         for exchange in exchanges:
             log.info("auto-delete exchange '%s' deleted (no bindings left)", exchange)
         await self._queue_deleted(name)
+
+    async def expire_idle_queues(self) -> int:
+        """Delete the queues whose x-expires ran out (contract §13) as DELETE /queues/{name}
+        does (same statements, same listeners), each re-checked under the delete's lock. Every
+        process runs it; one that loses a race to another process finds the queue gone."""
+        async with self.db.connect() as conn:
+            names = await store.idle_queues(conn, _SCAN_BATCH)
+        deleted = 0
+        for name in names:
+            try:
+                await self._delete_queue(name, "x-expires", if_idle=True)
+                deleted += 1
+            except (NotFound, PreconditionFailed):
+                continue  # deleted elsewhere, used again, or a dead-letter queue (kept)
+        return deleted
 
     async def purge_queue(self, user: User, name: str) -> int:
         """Remove the queue's ready, delayed and dead messages; the number removed."""

@@ -211,6 +211,8 @@ export class Client extends EventTarget {
    * Resolves with {routed, queues, message_id, rejected, duplicates} once the broker has
    * committed it: `rejected` lists the matched queues that refused their copy (full, with
    * x-overflow reject-publish or reject-publish-dlx); `duplicates` is empty for now.
+   * `properties.expiration` (a string of decimal digits, ms) is the message's time to live in
+   * each queue it reaches; the queue's `x-message-ttl` wins when smaller.
    */
   async publish(message) {
     await this._waitOpen();

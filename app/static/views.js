@@ -120,6 +120,49 @@ function yesNo(value) {
   return value ? "yes" : "no";
 }
 
+/** Contract §13's lifecycle arguments as form fields, with their RabbitMQ names shown; what
+ * is filled in is merged into the arguments object (a field wins over the same key there). */
+function lifecycleArgumentFields() {
+  const spec = [
+    ["x-message-ttl", "Message TTL (ms)", "Empty: none. A copy expires this long after it becomes available", "number"],
+    ["x-expires", "Queue expiry (ms)", "Empty: never. Deleted once unused this long (at least 1000)", "number"],
+    ["x-dead-letter-exchange", "Dead-letter exchange", "Empty: none. An existing exchange (not with a dead-letter queue)", "text"],
+    ["x-dead-letter-routing-key", "Dead-letter routing key", "Empty: the message's own key", "text"],
+  ];
+  const inputs = spec.map(([key, , , type]) => h("input", type === "number"
+    ? { name: key, type: "number", min: 0, inputmode: "numeric" }
+    : { name: key, autocomplete: "off" }));
+  const els = spec.map(([key, label, help], i) => field(`${label} — ${key}`, inputs[i], help));
+  function merge(args) {
+    const merged = { ...args };
+    spec.forEach(([key, , , type], i) => {
+      const raw = inputs[i].value.trim();
+      if (raw === "") return;
+      merged[key] = type === "number" ? Number(raw) : raw;
+    });
+    return merged;
+  }
+  function clear() {
+    for (const input of inputs) input.value = "";
+  }
+  return { els, merge, clear };
+}
+
+/** When a browsed copy expires (contract §13): available_at plus the smaller of the queue's
+ * x-message-ttl and the message's expiration; null when neither is set. */
+export function expiryOf(message, queueArguments) {
+  const ttls = [];
+  const queueTtl = queueArguments ? queueArguments["x-message-ttl"] : undefined;
+  if (Number.isInteger(queueTtl)) ttls.push(queueTtl);
+  const expiration = message.properties ? message.properties.expiration : undefined;
+  if (typeof expiration === "string" && /^[0-9]+$/.test(expiration)) ttls.push(Number(expiration));
+  if (ttls.length === 0) return null;
+  return new Date(Date.parse(message.available_at) + Math.min(...ttls)).toISOString();
+}
+
+/** The arguments of the queues whose page was opened (their browsed copies show expiry). */
+const queueArgumentsSeen = new Map();
+
 /** Body of a stored message or delivery, as display text (truncated when huge). */
 export function bodyText(item) {
   if (item.body_base64 !== undefined && item.body_base64 !== null) {
@@ -488,6 +531,7 @@ export function queuesView(main, _params, ctx) {
   const ackTimeout = h("input", { name: "ack_timeout_seconds", type: "number", min: 1, inputmode: "numeric" });
   const args = jsonInput("Arguments (JSON object)", "{}");
   const limits = limitFields();
+  const lifecycle = lifecycleArgumentFields();
   const form = h(
     "form",
     { class: "card" },
@@ -497,6 +541,7 @@ export function queuesView(main, _params, ctx) {
     field("Dead-letter queue", dlq, "Empty: none; otherwise an existing queue"),
     field("Ack timeout (seconds)", ackTimeout, "Empty: the broker default"),
     ...limits.els,
+    ...lifecycle.els,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
@@ -510,12 +555,13 @@ export function queuesView(main, _params, ctx) {
           max_delivery_count: optionalInt(maxDeliveries),
           dead_letter_queue: dlq.value.trim() || null,
           ack_timeout_seconds: optionalInt(ackTimeout),
-          arguments: limits.read(argumentsValue),
+          arguments: lifecycle.merge(limits.read(argumentsValue)),
         },
         withStatus: true,
       });
       ctx.notify(r.status === 201 ? `Queue ${r.data.name} declared` : `Queue ${r.data.name} already exists as declared`);
       name.value = "";
+      lifecycle.clear();
       refresh();
     } catch (error) {
       ctx.showError(error, "Declare queue");
@@ -608,12 +654,19 @@ export function queueView(main, params, ctx) {
       ], "queue-"));
       if (!loaded) {
         loaded = true;
+        queueArgumentsSeen.set(name, q.arguments || {});
+        const a = q.arguments || {};
+        const dlx = a["x-dead-letter-exchange"];
         fill(settings, dl([
           ["Durable", yesNo(q.durable)],
           ["Maximum deliveries", q.max_delivery_count ?? "unlimited"],
           ["Dead-letter queue", q.dead_letter_queue ? link(q.dead_letter_queue, "queues", q.dead_letter_queue) : "none"],
           ["Ack timeout", q.ack_timeout_seconds === null ? "broker default" : `${q.ack_timeout_seconds} s`],
           ...limitRows(q.arguments),
+          ["Message TTL (x-message-ttl)", a["x-message-ttl"] === undefined ? "none" : `${a["x-message-ttl"]} ms`],
+          ["Queue expiry (x-expires)", a["x-expires"] === undefined ? "never" : `${a["x-expires"]} ms unused`],
+          ["Dead-letter exchange (x-dead-letter-exchange)", dlx === undefined ? "none" : link(dlx, "exchanges", dlx)],
+          ["Dead-letter routing key (x-dead-letter-routing-key)", a["x-dead-letter-routing-key"] ?? "the message's own"],
           ["Arguments", pre(json(q.arguments), "Arguments")],
         ]));
         await Promise.all([loadBindings(), browse.load()]);
@@ -690,6 +743,7 @@ function messageCard(m, queue, ctx, reload) {
     m.properties && m.properties.priority !== undefined ? ["Priority", String(m.properties.priority)] : null,
     ["Created", formatTime(m.created_at)],
     m.available_at !== m.created_at ? ["Available", formatTime(m.available_at)] : null,
+    expiryOf(m, queueArgumentsSeen.get(queue)) ? ["Expires", formatTime(expiryOf(m, queueArgumentsSeen.get(queue)))] : null,
     Object.keys(m.headers || {}).length ? ["Headers", h("code", { "aria-label": "Headers" }, JSON.stringify(m.headers))] : null,
     Object.keys(properties).length ? ["Properties", h("code", { "aria-label": "Properties" }, JSON.stringify(properties))] : null,
   ].filter(Boolean);

@@ -15,6 +15,9 @@ from app.storage import dsn, planner
 from app.storage.driver_errors import guard
 from app.storage.fastpath import HotPath
 
+#: A connection as the layers above storage hold it (they never use SQLAlchemy themselves).
+Connection = AsyncConnection
+
 
 def create_engine(
     url: str,

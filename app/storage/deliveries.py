@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.arguments import DeathReason
 from app.domain.model import Delivery
 from app.storage import queries
 from app.storage.fastpath import HotPath, jsonb_text
@@ -111,7 +112,8 @@ async def ack_pull_many(
 
 @dataclass(frozen=True, slots=True)
 class Unsettled:
-    """An in-flight row locked for the retry decision, with what the decision needs."""
+    """A row locked for the retry path (an in-flight delivery, or a ready copy that expired
+    or that a length limit drops), with what the decision and dead-lettering need."""
 
     id: int
     queue_id: int
@@ -125,11 +127,24 @@ class Unsettled:
     owner_connection: str | None
     owner_process: str | None
     now: datetime
+    dead_letter_queue: str | None = None
+    #: the queue's x-dead-letter-exchange and x-dead-letter-routing-key
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    #: past its expiry (contract §13): it expires instead of returning to ready
+    expired: bool = False
+
+    @property
+    def has_dead_letter_target(self) -> bool:
+        return self.dead_letter_queue_id is not None or self.dead_letter_exchange is not None
 
 
 _UNSETTLED_COLUMNS = """
     m.id, m.queue_id, q.name, m.delivery_count, q.max_delivery_count, q.dead_letter_queue_id,
-    m.headers, m.exchange, m.routing_key, m.owner_connection::text, m.owner_process::text, now()
+    m.headers, m.exchange, m.routing_key, m.owner_connection::text, m.owner_process::text, now(),
+    (SELECT d.name FROM queues AS d WHERE d.id = q.dead_letter_queue_id),
+    q.arguments ->> 'x-dead-letter-exchange', q.arguments ->> 'x-dead-letter-routing-key',
+    coalesce(m.expires_at <= now(), false)
 FROM messages AS m JOIN queues AS q ON q.id = m.queue_id
 """
 
@@ -185,6 +200,44 @@ ORDER BY m.id
 FOR UPDATE OF m SKIP LOCKED
 """
 )
+
+
+# The expiry sweep (contract §13): ready copies past their expiry, via ix_messages_expiry
+# (partial on ready rows that can expire: the sweep never reads a row that cannot). SKIP
+# LOCKED lets every process sweep at once, each taking distinct rows, and never waits on a
+# claim that holds a row (a claim skips expired rows anyway).
+LOCK_EXPIRED_READY = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.status = 'ready' AND m.expires_at IS NOT NULL AND m.expires_at <= now()
+ORDER BY m.expires_at
+LIMIT :n
+FOR UPDATE OF m SKIP LOCKED
+"""
+)
+
+# Rows by id, for a caller that picked them itself (the length limit's drop-head); in id
+# order so that two such callers cannot deadlock.
+LOCK_BY_IDS = text(
+    "SELECT"
+    + _UNSETTLED_COLUMNS
+    + """
+WHERE m.id = ANY(CAST(:ids AS bigint[]))
+ORDER BY m.id
+FOR UPDATE OF m
+"""
+)
+
+
+async def lock_expired_ready(conn: AsyncConnection, n: int) -> list[Unsettled]:
+    return _unsettled((await conn.execute(LOCK_EXPIRED_READY, {"n": n})).all())
+
+
+async def lock_by_ids(conn: AsyncConnection, ids: Sequence[int]) -> list[Unsettled]:
+    if not ids:
+        return []
+    return _unsettled((await conn.execute(LOCK_BY_IDS, {"ids": list(ids)})).all())
 
 
 def _unsettled(rows: Sequence[Any]) -> list[Unsettled]:
@@ -243,21 +296,50 @@ WHERE id = ANY(CAST(:ids AS bigint[]))
 """
 RETURN_TO_STATUS = text(_RETURN)
 
-# Moved to the dead-letter queue: ready there at the tail, delivery_count 0, x-death headers
-# computed by domain.retry; message_id, created_at, exchange, routing key and body are kept.
-# The claim priority is the target queue's (QueueArguments.priority_of, in SQL: NULL outside
-# a priority queue, the message's priority capped at x-max-priority in one, 0 without one).
-DEAD_LETTER = text("""
-UPDATE messages AS m SET queue_id = d.dlq, status = 'ready', delivery_count = 0,
-    headers = d.headers, available_at = now(), delivery_tag = NULL, lease_expires_at = NULL,
-    owner_process = NULL, owner_connection = NULL, owner_user = NULL,
-    priority = CASE WHEN t.arguments ? 'x-max-priority'
+# The TTL a dead-lettered copy gets in the queue it lands in (contract §13): the smaller of
+# that queue's x-message-ttl and the message's expiration, from its new available_at (now).
+_TARGET_EXPIRES_AT = """now() + LEAST(
+        CAST(t.arguments ->> 'x-message-ttl' AS bigint),
+        CAST(m.properties ->> 'expiration' AS bigint)) * interval '1 millisecond'"""
+
+# The claim priority in the target queue ``t`` (QueueArguments.priority_of, in SQL: NULL
+# outside a priority queue, the message's priority capped at x-max-priority in one, 0
+# without one).
+_TARGET_PRIORITY = """CASE WHEN t.arguments ? 'x-max-priority'
                     THEN least(coalesce((m.properties ->> 'priority')::int, 0),
-                               (t.arguments ->> 'x-max-priority')::int) END
-FROM unnest(CAST(:ids AS bigint[]), CAST(:dlqs AS bigint[]), CAST(:headers AS jsonb[]))
-     AS d(id, dlq, headers)
-JOIN queues AS t ON t.id = d.dlq
+                               (t.arguments ->> 'x-max-priority')::int) END"""
+
+# Moved to a dead-letter target: ready there at the tail, delivery_count 0, x-death headers
+# computed by domain.retry; message_id, created_at and body are kept; exchange and routing
+# key are the given ones (the copy's own for a dead-letter queue, the dead-letter exchange's
+# for one routed through it).
+DEAD_LETTER = text(f"""
+UPDATE messages AS m SET queue_id = d.queue_id, status = 'ready', delivery_count = 0,
+    headers = d.headers, exchange = d.exchange, routing_key = d.routing_key,
+    available_at = now(), expires_at = {_TARGET_EXPIRES_AT},
+    delivery_tag = NULL, lease_expires_at = NULL,
+    owner_process = NULL, owner_connection = NULL, owner_user = NULL,
+    priority = {_TARGET_PRIORITY}
+FROM unnest(CAST(:ids AS bigint[]), CAST(:queues AS bigint[]), CAST(:headers AS jsonb[]),
+            CAST(:exchanges AS text[]), CAST(:keys AS text[]))
+     AS d(id, queue_id, headers, exchange, routing_key)
+JOIN queues AS t ON t.id = d.queue_id
 WHERE m.id = d.id
+""")
+
+# The further copies of a copy that a dead-letter exchange routed to several queues: new rows
+# read from the source row (before DEAD_LETTER moves it, in the same transaction).
+DEAD_LETTER_COPIES = text(f"""
+INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties, body,
+                      "binary", created_at, available_at, expires_at, priority)
+SELECT d.queue_id, m.message_id, d.exchange, d.routing_key, d.headers, m.properties, m.body,
+       m."binary", m.created_at, now(), {_TARGET_EXPIRES_AT}, {_TARGET_PRIORITY}
+FROM unnest(CAST(:ids AS bigint[]), CAST(:queues AS bigint[]), CAST(:headers AS jsonb[]),
+            CAST(:exchanges AS text[]), CAST(:keys AS text[]))
+     WITH ORDINALITY AS d(id, queue_id, headers, exchange, routing_key, ord)
+JOIN messages AS m ON m.id = d.id
+JOIN queues AS t ON t.id = d.queue_id
+ORDER BY d.ord
 """)
 
 DISCARD = text("DELETE FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))")
@@ -268,19 +350,39 @@ async def return_to_status(conn: AsyncConnection, ids: Sequence[int], status: st
         await conn.execute(RETURN_TO_STATUS, {"ids": list(ids), "status": status})
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLetterMove:
+    """A copy going to one queue: its id, the target queue, its new headers, exchange and
+    routing key."""
+
+    id: int
+    queue_id: int
+    headers: dict[str, Any]
+    exchange: str
+    routing_key: str
+
+
+def _moves(moves: Sequence[DeadLetterMove]) -> dict[str, Any]:
+    return {
+        "ids": [m.id for m in moves],
+        "queues": [m.queue_id for m in moves],
+        "headers": [jsonb_text(m.headers) for m in moves],
+        "exchanges": [m.exchange for m in moves],
+        "keys": [m.routing_key for m in moves],
+    }
+
+
 async def dead_letter(
-    conn: AsyncConnection, moves: Sequence[tuple[int, int, dict[str, Any]]]
+    conn: AsyncConnection,
+    moves: Sequence[DeadLetterMove],
+    copies: Sequence[DeadLetterMove] = (),
 ) -> None:
-    """``moves``: (id, dead-letter queue id, new headers)."""
+    """Move each copy of ``moves`` to its target queue, after inserting ``copies`` (further
+    queues of the same source rows) as new rows."""
+    if copies:
+        await conn.execute(DEAD_LETTER_COPIES, _moves(copies))
     if moves:
-        await conn.execute(
-            DEAD_LETTER,
-            {
-                "ids": [m[0] for m in moves],
-                "dlqs": [m[1] for m in moves],
-                "headers": [jsonb_text(m[2]) for m in moves],
-            },
-        )
+        await conn.execute(DEAD_LETTER, _moves(moves))
 
 
 async def discard(conn: AsyncConnection, ids: Sequence[int]) -> None:
@@ -291,21 +393,22 @@ async def discard(conn: AsyncConnection, ids: Sequence[int]) -> None:
 @dataclass(slots=True)
 class Decisions:
     """What becomes of rows locked for the retry path, by outcome. broker/settlement.py
-    decides (through domain.retry) between the lock and this, in the same transaction."""
+    decides (through domain.retry) between the lock and this, in the same transaction, and
+    dead-letters the ``dead_letter`` rows itself (it routes them)."""
 
     requeue: list[int] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
     discard: list[int] = field(default_factory=list)
-    #: (id, dead-letter queue id, the row's new headers, x-death included)
-    dead_letter: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
+    #: (row, reason): dead-lettered by ``Settlement.dead_letter``
+    dead_letter: list[tuple[Unsettled, DeathReason]] = field(default_factory=list)
 
 
 async def apply_decisions(conn: AsyncConnection, decisions: Decisions) -> None:
-    """Apply the retry decisions in at most four statements (none for an empty list)."""
+    """Apply the requeue, dead and discard decisions in at most three statements (none for an
+    empty list)."""
     await return_to_status(conn, decisions.requeue, "ready")
     await return_to_status(conn, decisions.dead, "dead")
     await discard(conn, decisions.discard)
-    await dead_letter(conn, decisions.dead_letter)
 
 
 # -- reconcile local credit with the database -----------------------------------------------
@@ -341,7 +444,20 @@ async def owned_tags(conn: AsyncConnection, owner: str, queue_id: int) -> set[st
 
 # -- queues as the delivery side sees them --------------------------------------------------
 
-QUEUE_BY_NAME = text("SELECT id, ack_timeout_seconds FROM queues WHERE name = :name")
+# A subscribe or a get uses the queue: one with x-expires has its deadline pushed forward in
+# the same statement (contract §13); no other queue's row is written.
+QUEUE_BY_NAME = text("""
+WITH q AS (
+    SELECT id, ack_timeout_seconds, idle_expires_at IS NOT NULL AS expires
+    FROM queues WHERE name = :name
+), touched AS (
+    UPDATE queues SET
+        idle_expires_at = now() + CAST(arguments ->> 'x-expires' AS bigint)
+                                  * interval '1 millisecond'
+    FROM q WHERE queues.id = q.id AND q.expires
+)
+SELECT id, ack_timeout_seconds FROM q
+""")
 
 
 async def queue_by_name(conn: AsyncConnection, name: str) -> tuple[int, int | None] | None:

@@ -22,7 +22,7 @@ the publish's INSERT runs on its driver connection, in the same transaction):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,9 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import jsonexact
 from app.domain import limits
-from app.domain.arguments import DeathReason, QueueArguments, parse_queue_arguments
+from app.domain.arguments import QueueArguments, parse_queue_arguments
 from app.domain.model import OutgoingMessage
-from app.domain.retry import death_headers
 from app.errors import ValidationFailed
 from app.storage import deliveries, queries
 from app.storage.fastpath import HotPath, Statement
@@ -179,23 +178,34 @@ async def store_rejected(
     return [_row((*r[:4], 0, r[4])) for r in rows]
 
 
-async def drop(conn: AsyncConnection, queue: QueueInfo, rows: Sequence[Row]) -> Dropped:
-    """THE maxlen dead-lettering: ``rows`` of ``queue`` leave it, dead-lettered with reason
-    ``maxlen`` to its dead-letter target when it has one (through the retry path's
-    ``deliveries.dead_letter``, as every dead-lettering), else deleted."""
+#: ``dead_letter(conn, ids)``: dead-letter the locked copies ``ids`` with reason ``maxlen``
+#: through the retry path's one dead-lettering (``Settlement.dead_letter_maxlen``: a
+#: dead-letter queue or exchange, the cycle rule), in ``conn``'s transaction; returns the
+#: queues that received copies.
+DeadLetterHook = Callable[[AsyncConnection, list[int]], Awaitable[set[int]]]
+
+
+def has_target(queue: QueueInfo) -> bool:
+    """Whether ``queue`` dead-letters (to a queue or through an exchange)."""
+    return queue.dead_letter_queue_id is not None or (
+        queue.arguments.dead_letter_exchange is not None
+    )
+
+
+async def drop(
+    conn: AsyncConnection, queue: QueueInfo, rows: Sequence[Row], dead_letter: DeadLetterHook
+) -> Dropped:
+    """``rows`` of ``queue`` leave it for the length rule: dead-lettered with reason
+    ``maxlen`` when it has a dead-letter target (``dead_letter``), else deleted."""
     done = Dropped()
     if not rows:
         return done
-    target = queue.dead_letter_queue_id
-    if target is None:
+    if not has_target(queue):
         await deliveries.discard(conn, [r.id for r in rows])
         done.discarded = len(rows)
         return done
-    reason = DeathReason.MAXLEN
-    moves = [(r.id, target, death_headers(r, queue=queue.name, reason=reason)) for r in rows]
-    await deliveries.dead_letter(conn, moves)
+    done.woken |= await dead_letter(conn, [r.id for r in rows])
     done.dead_lettered = len(rows)
-    done.woken.add(target)
     return done
 
 
@@ -209,6 +219,7 @@ async def trim(
     queue: QueueInfo,
     ready: int,
     ready_bytes: int,
+    dead_letter: DeadLetterHook,
     *,
     delete: bool = False,
 ) -> tuple[Dropped, int, int]:
@@ -235,13 +246,14 @@ async def trim(
     if delete and leaving:
         await deliveries.discard(conn, [r.id for r in leaving])
         return Dropped(discarded=len(leaving)), ready, ready_bytes
-    return await drop(conn, queue, leaving), ready, ready_bytes
+    return await drop(conn, queue, leaving, dead_letter), ready, ready_bytes
 
 
 async def enforce(
     conn: AsyncConnection,
     queues: Mapping[int, QueueInfo],
     ids: Iterable[int],
+    dead_letter: DeadLetterHook,
 ) -> Dropped:
     """Bring each limited queue of ``ids`` within its limits (drop-head), and on through the
     dead-letter queues that receive its dropped copies; the caller holds ``lock_queues`` on
@@ -258,7 +270,7 @@ async def enforce(
         for info in infos:
             ready, ready_bytes = sizes.get(info.id, (0, 0))
             last = round_ == _ROUNDS - 1
-            done, _, _ = await trim(conn, info, ready, ready_bytes, delete=last)
+            done, _, _ = await trim(conn, info, ready, ready_bytes, dead_letter, delete=last)
             total.dead_lettered += done.dead_lettered
             total.discarded += done.discarded
             total.woken |= done.woken

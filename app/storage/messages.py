@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, TextClause, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.arguments import parse_expiration
 from app.domain.model import BrowseStatus, ExchangeType, OutgoingMessage, StoredMessage
 from app.domain.routing import BindingRule
 from app.errors import NotFound, Unavailable
@@ -167,6 +168,7 @@ def insert_params(
         "is_binary": [m.binary for _, m in messages],
         "delay_ms": [m.delay_ms for _, m in messages],
         "copy_priority": list(priorities) if priorities is not None else [None] * len(copies),
+        "expiration_ms": [parse_expiration(m.properties.get("expiration")) for _, m in messages],
     }
 
 

@@ -41,11 +41,22 @@ INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)
 VALUES (:connection_id, :queue_id, :process_id, :prefetch)
 ON CONFLICT DO NOTHING
 """)
-REMOVE_SUBSCRIPTION = text(
-    "DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id"
+# A queue with x-expires whose subscription ends starts its idle time again (contract §13);
+# the rows of other queues (idle_expires_at NULL) are not written.
+_TOUCH_ENDED = """UPDATE queues SET idle_expires_at =
+        now() + CAST(queues.arguments ->> 'x-expires' AS bigint) * interval '1 millisecond'
+    FROM gone WHERE queues.id = gone.queue_id AND queues.idle_expires_at IS NOT NULL"""
+REMOVE_SUBSCRIPTION = text(f"""
+WITH gone AS (
+    DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id
+    RETURNING queue_id
 )
-REMOVE_CONNECTION = text("""
-WITH gone AS (DELETE FROM subscriptions WHERE connection_id = :connection_id)
+{_TOUCH_ENDED}
+""")
+REMOVE_CONNECTION = text(f"""
+WITH gone AS (DELETE FROM subscriptions WHERE connection_id = :connection_id
+              RETURNING queue_id),
+touched AS ({_TOUCH_ENDED})
 DELETE FROM websocket_connections WHERE connection_id = :connection_id
 """)
 # Admission of a connection under a per-user lock held to the commit: concurrent upgrades of

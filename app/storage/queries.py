@@ -83,10 +83,22 @@ _MESSAGES_OF_COPIES = """
 JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
             CAST(:routing_key AS text[]), CAST(:headers AS text[]),
             CAST(:properties AS text[]), CAST(:body AS bytea[]),
-            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]))
+            CAST(:is_binary AS boolean[]), CAST(:delay_ms AS bigint[]),
+            CAST(:expiration_ms AS bigint[]))
          WITH ORDINALITY AS m(exchange, message_id, routing_key, headers, properties, body,
-                              is_binary, delay_ms, ord)
+                              is_binary, delay_ms, expiration_ms, ord)
     ON m.ord = c.msg"""
+
+# TTL (contract §13): the x-message-ttl of the group's target queues that have one, one probe
+# of the queues' primary key per distinct queue (the array's duplicates are removed by the
+# index scan); a copy's expires_at is its available_at plus the smaller of that and its
+# message's expiration (LEAST ignores NULLs; NULL when neither is set: it never expires).
+_TTL = """ttl AS (
+    SELECT id, CAST(arguments ->> 'x-message-ttl' AS bigint) AS ms FROM queues
+    WHERE id = ANY(CAST(:copy_queue AS bigint[])) AND arguments ? 'x-message-ttl'
+)"""
+_EXPIRES_AT = """now() + m.delay_ms * interval '1 millisecond'
+       + LEAST(t.ms, m.expiration_ms) * interval '1 millisecond'"""
 
 # Every copy of every message of a publish group in ONE statement (one commit, so one WAL
 # flush for all the requests that arrived together). Each message's columns travel once
@@ -103,16 +115,17 @@ JOIN unnest(CAST(:exchange AS text[]), CAST(:message_id AS text[]),
 # publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
 # copies do: see messages.settle_in_doubt.
 _INSERT_COPIES = f"""
-WITH {_RECEIPT}
+WITH {_RECEIPT}, {_TTL}
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
-                      body, "binary", available_at, priority)
+                      body, "binary", available_at, expires_at, priority)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
        m.properties::jsonb, m.body, m.is_binary,
-       now() + m.delay_ms * interval '1 millisecond', c.priority
+       now() + m.delay_ms * interval '1 millisecond', {_EXPIRES_AT}, c.priority
 FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
             CAST(:copy_priority AS smallint[]))
          WITH ORDINALITY AS c(msg, queue_id, priority, ord)
 {_MESSAGES_OF_COPIES}
+LEFT JOIN ttl AS t ON t.id = c.queue_id
 ORDER BY c.ord
 """
 INSERT_COPIES = Statement(text(_INSERT_COPIES))
@@ -136,7 +149,7 @@ INSERT_COPIES_RETURNING = Statement(
 # Returns the rows stored in flight, by id.
 INSERT_COPIES_HANDING_OFF = Statement(
     text(f"""
-WITH {_RECEIPT},
+WITH {_RECEIPT}, {_TTL},
 copies AS (
     SELECT * FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
                          CAST(:copy_owner AS uuid[]), CAST(:copy_lease AS float8[]),
@@ -148,27 +161,31 @@ waiting AS (
     CROSS JOIN LATERAL (SELECT 1 FROM messages AS r
                         WHERE r.queue_id = q.queue_id AND r.status = 'ready'
                           AND r.available_at <= now()
+                          AND (r.expires_at IS NULL OR r.expires_at > now())
                         ORDER BY r.available_at LIMIT 1) AS due
 ),
 numbered AS (
     SELECT nextval('messages_id_seq') AS id, s.*
     FROM (
         SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
-               m.body, m.is_binary, m.delay_ms, c.lease, c.priority,
+               m.body, m.is_binary, m.delay_ms, {_EXPIRES_AT} AS expires_at, c.lease,
+               c.priority,
                CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
                     ELSE c.owner END AS owner
         FROM copies AS c
         {_MESSAGES_OF_COPIES}
+        LEFT JOIN ttl AS t ON t.id = c.queue_id
         ORDER BY c.ord
     ) AS s
 ),
 stored AS (
     INSERT INTO messages (id, queue_id, message_id, exchange, routing_key, headers,
-                          properties, body, "binary", available_at, status, delivery_count,
+                          properties, body, "binary", available_at, expires_at, status,
+                          delivery_count,
                           delivered_at, lease_expires_at, delivery_tag, owner_process,
                           owner_connection, priority)
     SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
-           body, is_binary, now() + delay_ms * interval '1 millisecond',
+           body, is_binary, now() + delay_ms * interval '1 millisecond', expires_at,
            CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
            CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
            CASE WHEN owner IS NOT NULL THEN now() END,
@@ -228,6 +245,7 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
         SELECT {columns} FROM messages
         WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NOT NULL
           AND available_at <= statement_timestamp()
+          AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY priority DESC, available_at, id
         LIMIT {limit} {lock}
     ) AS by_priority
@@ -236,6 +254,7 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
         SELECT {columns} FROM messages
         WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NULL
           AND available_at <= statement_timestamp()
+          AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY available_at, id
         LIMIT {limit} {lock}
     ) AS plain
@@ -247,6 +266,8 @@ CLAIM_ORDER = "priority DESC NULLS LAST, available_at, id"
 
 # Claim up to :n ready rows of one queue in claim order ((available_at, id), or
 # (priority descending, available_at, id) in a queue with x-max-priority), in ONE statement.
+# An expired copy is never delivered (contract §13): the expiry sweep removes it within a
+# second, until then the claim steps over it (in a plain queue expires_at is NULL: one test).
 # Headers and properties come back as JSON text, which the frame splices as it is: decoding
 # them into Python only to encode them again cost 3.5 µs per row (docs/performance.md).
 # FOR UPDATE SKIP LOCKED: concurrent claimers (other subscribers, other processes) each lock
@@ -281,10 +302,12 @@ RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.hea
 
 # Seconds from the database's now() to the queue's next due ready message: <= 0 when one is
 # due, NULL when the queue has no ready rows. min() over ix_messages_claim is an index probe.
+# Expired copies (not yet swept) do not count: the dispatcher would claim again at once.
 NEXT_DUE = Statement(
     text("""
 SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
 FROM messages WHERE queue_id = :queue_id AND status = 'ready'
+  AND (expires_at IS NULL OR expires_at > now())
 """)
 )
 

@@ -95,6 +95,9 @@ queues = Table(
     Column("ack_timeout_seconds", Integer, nullable=True),
     Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
     _ts("created_at"),
+    # When a queue with x-expires is deleted unless used before (contract §13); NULL for
+    # every other queue. Pushed forward by declare, get, subscribe and unsubscribe.
+    _ts("idle_expires_at", nullable=True, default=False),
     UniqueConstraint("name"),
     CheckConstraint(
         "max_delivery_count IS NULL OR max_delivery_count >= 1", name="max_delivery_count"
@@ -106,6 +109,14 @@ queues = Table(
 )
 Index(
     None, queues.c.dead_letter_queue_id, postgresql_where=queues.c.dead_letter_queue_id.isnot(None)
+)
+# The queue-expiry sweep: queues with x-expires by deadline.
+Index(None, queues.c.idle_expires_at, postgresql_where=queues.c.idle_expires_at.isnot(None))
+# Which queues name an exchange as their dead-letter exchange (deleting it is 409).
+Index(
+    "ix_queues_dead_letter_exchange",
+    queues.c.arguments.op("->>")(text("'x-dead-letter-exchange'")),
+    postgresql_where=text("arguments ? 'x-dead-letter-exchange'"),
 )
 
 bindings = Table(
@@ -144,6 +155,8 @@ messages = Table(
     # Set by a claim; cleared when the message returns to ready.
     _ts("delivered_at", nullable=True, default=False),
     _ts("lease_expires_at", nullable=True, default=False),
+    # available_at + the copy's TTL in its queue (contract §13); NULL: it never expires.
+    _ts("expires_at", nullable=True, default=False),
     Column("delivery_tag", Text, nullable=True),
     Column("owner_process", UUID(as_uuid=False), nullable=True),
     Column("owner_connection", UUID(as_uuid=False), nullable=True),
@@ -185,6 +198,12 @@ Index(
     "ix_messages_lease",
     messages.c.lease_expires_at,
     postgresql_where=text("status = 'in_flight'"),
+)
+# The expiry sweep: ready copies that can expire, by expiry.
+Index(
+    "ix_messages_expiry",
+    messages.c.expires_at,
+    postgresql_where=text("status = 'ready' AND expires_at IS NOT NULL"),
 )
 # Release on disconnect: in-flight deliveries by owning connection.
 Index(

@@ -184,6 +184,13 @@ async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) 
     ).scalar()
     if exchange_id is None:
         raise NotFound(f"exchange '{name}' not found")
+    # Declares naming it as dead-letter exchange hold FOR KEY SHARE on its row (see
+    # lock_exchange_key_share) until they commit: after our lock, this sees every one.
+    referring = await queues_dead_lettering_to(conn, name)
+    if referring:
+        raise PreconditionFailed(
+            f"exchange '{name}' is the dead-letter exchange of: {', '.join(referring)}"
+        )
     if if_unused:
         used = (
             await conn.execute(select(exists().where(_b.c.exchange_id == exchange_id)))
@@ -191,6 +198,59 @@ async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) 
         if used:
             raise PreconditionFailed(f"exchange '{name}' is in use (it has bindings)")
     await conn.execute(delete(_ex).where(_ex.c.id == exchange_id))
+
+
+_DEAD_LETTERING_TO = text("""
+SELECT name FROM queues
+WHERE arguments ? 'x-dead-letter-exchange' AND arguments ->> 'x-dead-letter-exchange' = :name
+ORDER BY name
+""")
+
+
+async def queues_dead_lettering_to(conn: AsyncConnection, exchange: str) -> list[str]:
+    """The queues that name ``exchange`` as their x-dead-letter-exchange, in name order
+    (ix_queues_dead_letter_exchange)."""
+    rows = await conn.execute(_DEAD_LETTERING_TO, {"name": exchange})
+    return [str(r[0]) for r in rows]
+
+
+async def lock_exchange_key_share(conn: AsyncConnection, name: str) -> bool:
+    """Whether exchange ``name`` exists, holding FOR KEY SHARE on it to the commit: a queue
+    declared with it as x-dead-letter-exchange cannot see it deleted meanwhile."""
+    stmt = select(_ex.c.id).where(_ex.c.name == name).with_for_update(key_share=True)
+    return (await conn.execute(stmt)).first() is not None
+
+
+# -- queue expiry (x-expires, contract §13) ---------------------------------------------
+
+#: A queue with x-expires is used now: its deadline moves to now + x-expires. Rows of other
+#: queues have NULL there and are not written.
+IDLE_DEADLINE_SQL = (
+    "now() + CAST(queues.arguments ->> 'x-expires' AS bigint) * interval '1 millisecond'"
+)
+_TOUCH_QUEUE = text(f"""
+UPDATE queues SET idle_expires_at = {IDLE_DEADLINE_SQL}
+WHERE name = :name AND arguments ? 'x-expires'
+""")
+
+# Queues past their deadline and with no subscription: candidates for deletion (the delete
+# re-checks under its lock). Walks ix_queues_idle_expires_at.
+_IDLE_QUEUES = text("""
+SELECT q.name FROM queues AS q
+WHERE q.idle_expires_at IS NOT NULL AND q.idle_expires_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM subscriptions AS s WHERE s.queue_id = q.id)
+ORDER BY q.idle_expires_at
+LIMIT :n
+""")
+
+
+async def touch_queue(conn: AsyncConnection, name: str) -> None:
+    """Push the deadline of queue ``name`` if it has x-expires (declare, re-declare)."""
+    await conn.execute(_TOUCH_QUEUE, {"name": name})
+
+
+async def idle_queues(conn: AsyncConnection, n: int) -> list[str]:
+    return [str(r[0]) for r in await conn.execute(_IDLE_QUEUES, {"n": n})]
 
 
 async def _delete_unused_auto_delete_exchanges(
@@ -203,9 +263,14 @@ async def _delete_unused_auto_delete_exchanges(
     if not exchange_ids:
         return []
     no_binding = ~exists().where(_b.c.exchange_id == _ex.c.id)
+    # A queue's x-dead-letter-exchange is never deleted from under it (contract §13).
+    dlx = _q.c.arguments.op("->>")(literal("x-dead-letter-exchange"))
+    no_dead_letter_use = ~exists().where(
+        _q.c.arguments.has_key("x-dead-letter-exchange"), dlx == _ex.c.name
+    )
     stmt = (
         delete(_ex)
-        .where(_ex.c.id.in_(exchange_ids), _ex.c.auto_delete, no_binding)
+        .where(_ex.c.id.in_(exchange_ids), _ex.c.auto_delete, no_binding, no_dead_letter_use)
         .returning(_ex.c.name)
     )
     return list((await conn.execute(stmt)).scalars())
@@ -262,8 +327,11 @@ _COMPARE_QUEUE = (
 _CREATE_QUEUE = Statement(
     text(
         """
-INSERT INTO queues (name, durable, max_delivery_count, ack_timeout_seconds, arguments)
-VALUES (:name, :durable, :max_delivery_count, :ack_timeout_seconds, CAST(:arguments AS jsonb))
+INSERT INTO queues (name, durable, max_delivery_count, ack_timeout_seconds, arguments,
+                    idle_expires_at)
+VALUES (:name, :durable, :max_delivery_count, :ack_timeout_seconds, CAST(:arguments AS jsonb),
+        now() + CAST(CAST(:arguments AS jsonb) ->> 'x-expires' AS bigint)
+                * interval '1 millisecond')
 ON CONFLICT ON CONSTRAINT uq_queues_name DO NOTHING
 RETURNING id
 """
@@ -401,8 +469,17 @@ async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, 
     }
 
 
+# x-expires: still past its deadline and unsubscribed, once the queue row is locked (a
+# subscribe's insert and a get's touch wait for that lock, or committed before it).
+_STILL_IDLE = text("""
+SELECT q.idle_expires_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM subscriptions AS s WHERE s.queue_id = q.id)
+FROM queues AS q WHERE q.id = :id
+""")
+
+
 async def delete_queue(
-    conn: AsyncConnection, name: str, *, if_empty: bool, if_unused: bool
+    conn: AsyncConnection, name: str, *, if_empty: bool, if_unused: bool, if_idle: bool = False
 ) -> list[str]:
     """Delete a queue with (by cascade) its messages, bindings and subscriptions, then the
     auto-delete exchanges that lost their last binding; returns the names of those exchanges.
@@ -436,6 +513,8 @@ async def delete_queue(
         raise PreconditionFailed(f"queue '{name}' is not empty")
     if if_unused and (await conn.execute(select(_live_subscriptions(queue_id).exists()))).scalar():
         raise PreconditionFailed(f"queue '{name}' is in use (it has consumers)")
+    if if_idle and not (await conn.execute(_STILL_IDLE, {"id": queue_id})).scalar():
+        raise PreconditionFailed(f"queue '{name}' was used again")
     # Lock the exchanges bound to this queue, in id order, before the cascade touches
     # bindings (lock order queue → exchange → bindings, as everywhere else): the auto-delete
     # ones may go with it, and the cascade's trigger bumps every one's routing_version.

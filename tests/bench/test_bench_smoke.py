@@ -185,3 +185,15 @@ def test_smoke_run_measures_the_limits_group(smoke: tuple[dict[str, Any], str]) 
         limits["limits mx claim backlog=2000 queue=x-max-priority=9"]["extra"]["p50_ratio_to_plain"]
         > 0
     )
+
+
+def test_smoke_run_measures_expiry_beside_delivery(smoke: tuple[dict[str, Any], str]) -> None:
+    doc, stdout = smoke
+    expiry = {s["name"]: s for s in by_group(doc, "expiry")}
+    assert set(expiry) == {"mx expire 2000", "mx deliver 2000"}, sorted(expiry)
+    for s in expiry.values():
+        assert s["status"] == "ok", s
+        assert s["messages"] == 2000
+        assert s["rate"] > 0
+    assert set(expiry["mx expire 2000"]["extra"]["cpu_vs_delivery"]) >= {"broker", "postgres"}
+    assert "expiry vs delivery (issue 20)" in stdout

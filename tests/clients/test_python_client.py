@@ -93,6 +93,19 @@ async def test_publish_returns_the_confirm(mx: Client, rest: httpx.AsyncClient) 
         await mx.publish("amq.direct", 1, queue=q)
 
 
+async def test_publish_with_an_expiration(mx: Client, rest: httpx.AsyncClient) -> None:
+    q = await queue(rest, "py-expiration")
+    await mx.publish(queue=q, body="short-lived", expiration_ms=50)
+    await mx.publish(queue=q, body="kept")
+    r = await rest.get(f"/queues/{q}/messages")
+    stored = {m["body"]: m["properties"].get("expiration") for m in r.json()["items"]}
+    assert stored == {"short-lived": "50", "kept": None}
+    deadline = asyncio.get_running_loop().time() + 5
+    while (await stats(rest, q))["ready"] != 1:  # the expired one leaves within a second
+        assert asyncio.get_running_loop().time() < deadline, "the copy did not expire"
+        await asyncio.sleep(0.05)
+
+
 async def test_subscribe_iterates_and_settles(mx: Client, rest: httpx.AsyncClient) -> None:
     q = await queue(rest, "py-consume")
     for n in range(3):

@@ -113,19 +113,23 @@ async def _in_flight(conn: asyncpg.Connection, n: int) -> list[asyncpg.Record]:
 MODES = ["force_custom_plan", "force_generic_plan"]
 
 
+def claim_params(queue_id: int, n: int = 100) -> dict[str, Any]:
+    """Parameters of a WebSocket claim of up to ``n`` rows of ``queue_id``."""
+    return {
+        "queue_id": queue_id,
+        "n": n,
+        "lease_seconds": 30.0,
+        "process_id": str(uuid.uuid4()),
+        "owners": [str(uuid.uuid4())] * n,
+        "owner_user": None,
+    }
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("queue", ["busy", "probed"])
 async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, queue: str) -> None:
     queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = $1", queue)
-    params = {
-        "queue_id": queue_id,
-        "n": 100,
-        "lease_seconds": 30.0,
-        "process_id": str(uuid.uuid4()),
-        "owners": [str(uuid.uuid4())] * 100,
-        "owner_user": None,
-    }
-    nodes = await _plan(conn, queries.CLAIM, params, mode)
+    nodes = await _plan(conn, queries.CLAIM, claim_params(queue_id), mode)
     scans = _scans(nodes)
     assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), nodes
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), nodes
@@ -207,6 +211,7 @@ def _publish(queue_id: int, owner: str | None = None) -> dict[str, Any]:
         "is_binary": [False],
         "delay_ms": [0],
         "copy_priority": [None],
+        "expiration_ms": [None],
     }
     if owner is not None:
         params.update(process_id=owner, copy_owner=[owner], copy_lease=[30.0])

@@ -312,3 +312,36 @@ def test_the_queue_form_declares_limits_and_priority_by_their_rabbitmq_names(
     page.get_by_label("Priority (optional)").fill("4")
     page.get_by_role("button", name="Publish").click()
     expect(page.get_by_text("rejected by e2e-limited (full)")).to_be_visible()
+
+
+def test_lifecycle_arguments_from_the_form_and_a_copys_expiry_on_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    log_in(page, ui_server)
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-ttl")
+    page.get_by_label("Message TTL (ms) — x-message-ttl").fill("600000")
+    page.get_by_label("Dead-letter exchange — x-dead-letter-exchange").fill("amq.fanout")
+    page.get_by_label("Dead-letter routing key — x-dead-letter-routing-key").fill("expired")
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-ttl declared")).to_be_visible()
+    arguments = rest.get("/queues/e2e-ttl").json()["arguments"]
+    assert arguments == {
+        "x-message-ttl": 600000,
+        "x-dead-letter-exchange": "amq.fanout",
+        "x-dead-letter-routing-key": "expired",
+    }
+    rest.post(
+        "/queues/e2e-ttl/messages", json={"body": "soon", "properties": {"expiration": "300000"}}
+    )
+    page.goto(f"{ui_server.base_url}/#/queues/e2e-ttl")
+    expect(page.get_by_text("600000 ms")).to_be_visible()
+    message = page.locator("li.message")
+    expect(message).to_have_count(1)
+    # the smaller of the queue's TTL and the message's expiration: 5 minutes after available
+    (stored,) = rest.get("/queues/e2e-ttl/messages").json()["items"]
+    shown = page.evaluate(
+        "(iso) => new Date(Date.parse(iso) + 300000).toLocaleString()", stored["available_at"]
+    )
+    expires = message.locator("div", has=page.get_by_text("Expires", exact=True))
+    expect(expires.locator("dd")).to_have_text(shown)

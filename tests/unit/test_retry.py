@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.retry import DeathReason, Decision, Outcome, decide, with_death
+from app.domain.retry import DeathReason, Decision, Outcome, decide, is_cycle, with_death
 
 T1 = datetime(2026, 1, 31, 12, 0, 0, tzinfo=UTC)
 T2 = datetime(2026, 2, 1, 8, 30, 15, 250000, tzinfo=UTC)
@@ -40,10 +40,47 @@ def test_decide(
     got = decide(
         delivery_count=count,
         max_delivery_count=limit,
-        has_dead_letter_queue=dlq,
+        has_dead_letter_target=dlq,
         requeue=requeue,
     )
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("count", "limit", "target", "requeue", "expected"),
+    [
+        # past its expiry, a copy that would be requeued expires instead
+        (1, None, True, True, Decision(Outcome.DEAD_LETTERED, DeathReason.EXPIRED)),
+        (1, None, False, True, Decision(Outcome.DISCARDED, DeathReason.EXPIRED)),
+        (2, 3, True, True, Decision(Outcome.DEAD_LETTERED, DeathReason.EXPIRED)),
+        # the delivery limit and a rejection decide as before
+        (3, 3, True, True, Decision(Outcome.DEAD_LETTERED, DeathReason.DELIVERY_LIMIT)),
+        (3, 3, False, True, Decision(Outcome.DEAD)),
+        (1, None, True, False, Decision(Outcome.DEAD_LETTERED, DeathReason.REJECTED)),
+        (1, None, False, False, Decision(Outcome.DISCARDED)),
+    ],
+)
+def test_decide_expired(
+    count: int, limit: int | None, target: bool, requeue: bool, expected: Decision
+) -> None:
+    got = decide(
+        delivery_count=count,
+        max_delivery_count=limit,
+        has_dead_letter_target=target,
+        requeue=requeue,
+        expired=True,
+    )
+    assert got == expected
+
+
+def test_cycle_rule() -> None:
+    h = death({}, queue="a", reason=DeathReason.EXPIRED)
+    assert is_cycle(h, queue="a", reason=DeathReason.EXPIRED)
+    assert not is_cycle(h, queue="b", reason=DeathReason.EXPIRED)
+    assert not is_cycle(h, queue="a", reason=DeathReason.MAXLEN)
+    r = death({}, queue="a", reason=DeathReason.REJECTED)
+    assert not is_cycle(r, queue="a", reason=DeathReason.REJECTED)
+    assert not is_cycle({"x-death": "junk"}, queue="a", reason=DeathReason.EXPIRED)
 
 
 def test_outcome_values_are_the_wire_names() -> None:

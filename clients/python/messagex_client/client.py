@@ -371,6 +371,7 @@ class Client:
         delay_ms: int = 0,
         mandatory: bool = False,
         priority: int | None = None,
+        expiration_ms: int | None = None,
     ) -> PublishResult:
         """Publish with confirm: returns once the broker has committed the message.
 
@@ -379,6 +380,9 @@ class Client:
         payload. Raises :class:`Unroutable` for a ``mandatory`` publish that matched no
         queue, :class:`ConnectionLost` when the connection dropped before the confirm (the
         outcome is then unknown: give a ``message_id`` to de-duplicate a retry).
+        ``expiration_ms`` is the message's time to live in each queue it reaches (AMQP's
+        ``expiration`` property, sent as its decimal string; the queue's ``x-message-ttl``
+        wins when smaller; 0 to 4294967295).
         """
         if (exchange is None) == (queue is None):
             raise ValueError("give exactly one of exchange and queue")
@@ -397,6 +401,7 @@ class Client:
             "reply_to": reply_to,
             "content_type": content_type,
             "priority": priority,  # 0-255: claim order in a queue with x-max-priority
+            "expiration": None if expiration_ms is None else str(expiration_ms),
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
         reply = await self._call(frame)
