@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from app.auth.permissions import Access, require
-from app.broker.routing_cache import MAX_BINDINGS, Routes, RoutingCache
+from app.broker.routing_cache import MAX_BINDINGS, Router, Routes, RoutingCache
 from app.broker.tasks import TaskOwner
 from app.domain.model import Delivery, OutgoingMessage, PublishResult, User
 from app.errors import (
@@ -94,12 +94,14 @@ class _Request:
 
 
 class _Router:
-    """Routes many messages against one exchange's compiled bindings; when the routing key
-    alone decides (every type but headers), each distinct key is routed once per call."""
+    """Routes many messages published to one exchange (``routing_cache.Router``); when the
+    routing key alone decides (no headers exchange on the way), each distinct key is routed
+    once per call."""
 
-    def __init__(self, routes: Routes) -> None:
-        self._route = routes.route
-        self._memo: dict[str, list[str]] | None = {} if routes.route.by_key_only else None
+    def __init__(self, router: Router) -> None:
+        self._route = router
+        self.queue_ids = router.queue_ids
+        self._memo: dict[str, list[str]] | None = {} if router.by_key_only else None
 
     def __call__(self, message: OutgoingMessage) -> list[str]:
         if self._memo is None:
@@ -273,10 +275,9 @@ class Publisher:
         queue_ids: dict[str, int],
     ) -> _Plan:
         if request.exchange is not None:
-            found = routes.get(request.exchange)
-            if found is None:
+            if request.exchange not in routes:
                 raise NotFound(f"exchange '{request.exchange}' not found")
-            return self._route(found, request.messages, request.exchange)
+            return self._route(Router(routes, request.exchange), request.messages, request.exchange)
         assert request.queue is not None
         queue_id = queue_ids.get(request.queue)
         if queue_id is None:
@@ -408,9 +409,10 @@ class Publisher:
             )
         return prepared
 
-    def _route(self, routes: Routes, messages: list[OutgoingMessage], exchange: str) -> _Plan:
+    def _route(self, found: Router, messages: list[OutgoingMessage], exchange: str) -> _Plan:
         """Route every message; raise Unroutable for a mandatory message with no queue."""
-        router = _Router(routes)
+        router = _Router(found)
+        queue_ids = router.queue_ids
         plan = _Plan(messages, exchange=exchange)
         for index, message in enumerate(messages):
             queues = router(message)
@@ -423,7 +425,7 @@ class Publisher:
                     )
                 plan.unroutable += 1
             for queue in queues:
-                queue_id = routes.queue_ids[queue]
+                queue_id = queue_ids[queue]
                 plan.copies.append((index, queue_id))
                 plan.queue_ids.add(queue_id)
             plan.results.append(PublishResult(bool(queues), list(queues), message.message_id))

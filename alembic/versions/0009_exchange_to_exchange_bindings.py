@@ -1,0 +1,75 @@
+"""bindings.destination_exchange_id: exchange-to-exchange bindings (contract §14)
+
+Revision ID: 0009
+Revises: 0006
+Create Date: 2026-12-04
+
+Hand-reviewed. A binding now leads from its exchange to either a queue (``queue_id``) or
+another exchange (``destination_exchange_id``): exactly one of the two is set (a check).
+Both go with the row they point at (ON DELETE CASCADE), and the routing_version trigger of
+migration 0004 already bumps the *source* exchange's version on every change, so a cascade
+from deleting a destination exchange is seen by the next publish on every process.
+
+One partial unique index on (exchange_id, destination_exchange_id, routing_key, arguments)
+for the exchange-to-exchange rows only: it makes identical e2e bindings one (as the existing
+unique constraint does for queue bindings; its NULL queue_id keeps e2e rows out of it), and
+it is what the publish's graph walk probes by exchange_id, reading no queue binding. A
+partial index on destination_exchange_id serves the cascade and ``?destination_exchange=``.
+Adding a nullable column and dropping a NOT NULL rewrite nothing.
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision: str = "0009"
+down_revision: str | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_E2E = sa.text("destination_exchange_id IS NOT NULL")
+
+
+def upgrade() -> None:
+    op.add_column("bindings", sa.Column("destination_exchange_id", sa.BigInteger(), nullable=True))
+    op.create_foreign_key(
+        "fk_bindings_destination_exchange_id_exchanges",
+        "bindings",
+        "exchanges",
+        ["destination_exchange_id"],
+        ["id"],
+        ondelete="CASCADE",
+    )
+    op.alter_column("bindings", "queue_id", existing_type=sa.BigInteger(), nullable=True)
+    op.create_check_constraint(
+        "ck_bindings_one_destination",
+        "bindings",
+        "(queue_id IS NULL) <> (destination_exchange_id IS NULL)",
+    )
+    op.create_index(
+        "uq_bindings_exchange_to_exchange",
+        "bindings",
+        ["exchange_id", "destination_exchange_id", "routing_key", "arguments"],
+        unique=True,
+        postgresql_where=_E2E,
+    )
+    op.create_index(
+        "ix_bindings_destination_exchange_id",
+        "bindings",
+        ["destination_exchange_id"],
+        postgresql_where=_E2E,
+    )
+
+
+def downgrade() -> None:
+    op.execute("DELETE FROM bindings WHERE destination_exchange_id IS NOT NULL")
+    op.drop_index("ix_bindings_destination_exchange_id", table_name="bindings")
+    op.drop_index("uq_bindings_exchange_to_exchange", table_name="bindings")
+    op.drop_constraint("ck_bindings_one_destination", "bindings", type_="check")
+    op.alter_column("bindings", "queue_id", existing_type=sa.BigInteger(), nullable=False)
+    op.drop_constraint(
+        "fk_bindings_destination_exchange_id_exchanges", "bindings", type_="foreignkey"
+    )
+    op.drop_column("bindings", "destination_exchange_id")
