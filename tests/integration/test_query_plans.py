@@ -435,6 +435,70 @@ async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection,
             assert all(n["Actual Loops"] == 0 for n in reads), reads
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_route_graph_read_probes_only_exchange_bindings(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """The §14 read (LOAD_ROUTE_GRAPH) walks exchange-to-exchange bindings through their
+    partial index: an exchange of 20,000 queue bindings with an e2e binding and an alternate
+    costs the walk a few index probes, and with the copies current no queue binding is read."""
+    wide = await conn.fetchval(
+        "INSERT INTO exchanges (name, type) VALUES ('wide', 'topic') RETURNING id"
+    )
+    narrow = await conn.fetchval(
+        "INSERT INTO exchanges (name, type) VALUES ('narrow', 'fanout') RETURNING id"
+    )
+    alternate = await conn.fetchval(
+        "INSERT INTO exchanges (name, type, arguments) VALUES "
+        "('alt', 'fanout', '{\"alternate-exchange\": \"wide\"}') RETURNING id"
+    )
+    queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    await conn.execute(
+        """
+        INSERT INTO bindings (exchange_id, queue_id, routing_key)
+        SELECT $1, $2, 'k.' || g FROM generate_series(1, 20000) AS g
+        """,
+        wide,
+        queue_id,
+    )
+    await conn.execute(
+        "INSERT INTO bindings (exchange_id, destination_exchange_id) VALUES ($1, $2)", wide, narrow
+    )
+    await conn.execute(
+        "INSERT INTO bindings (exchange_id, destination_exchange_id) VALUES ($1, $2)",
+        narrow,
+        alternate,
+    )
+    await conn.execute("ANALYZE bindings")
+    rows = await conn.fetch(
+        "SELECT name, id, routing_version FROM exchanges WHERE id = ANY($1)",
+        [wide, narrow, alternate],
+    )
+    current = {
+        "roots": ["wide"],
+        "names": [r["name"] for r in rows],
+        "known_ids": [r["id"] for r in rows],
+        "known_versions": [r["routing_version"] for r in rows],
+    }
+    statement = queries.LOAD_ROUTE_GRAPH
+    await conn.execute(f"SET plan_cache_mode = {mode}")
+    raw = await conn.fetchval(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql, *statement.args(current)
+    )
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    plan = document[0]["Plan"]
+    assert plan["Actual Rows"] == 3, plan  # one row per reached exchange, no binding
+    reads = [n for n in _nodes(plan) if n.get("Relation Name") == "bindings"]
+    assert reads, plan
+    for node in reads:
+        if node["Actual Loops"]:
+            assert node["Actual Rows"] <= 1, node
+            assert node.get("Rows Removed by Filter", 0) == 0, node
+            assert node.get("Rows Removed by Index Recheck", 0) == 0, node
+    indexes = {n.get("Index Name") for n in _nodes(plan) if n.get("Actual Loops")}
+    assert "uq_bindings_exchange_to_exchange" in indexes, plan
+
+
 def _compiled(statement: Any) -> str:
     from sqlalchemy.dialects import postgresql
 
