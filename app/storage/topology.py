@@ -606,14 +606,22 @@ async def create_binding(
         "routing_key": routing_key,
         "arguments": arguments,
     }
+    return await _insert_or_find(conn, _INSERT_BINDING, _FIND_BINDING, values)
+
+
+async def _insert_or_find(
+    conn: AsyncConnection, insert: Any, find: Any, values: dict[str, Any]
+) -> tuple[int, bool]:
+    """``insert`` (ON CONFLICT DO NOTHING RETURNING id), else ``find`` the identical row:
+    (id, whether inserted)."""
     for _ in range(_DECLARE_ATTEMPTS):
         try:
-            new_id = (await conn.execute(_INSERT_BINDING, values)).scalar()
+            new_id = (await conn.execute(insert, values)).scalar()
         except DBAPIError as exc:
             raise (_too_large(exc) or exc) from None
         if new_id is not None:
             return int(new_id), True
-        old_id = (await conn.execute(_FIND_BINDING, values)).scalar()
+        old_id = (await conn.execute(find, values)).scalar()
         if old_id is not None:
             return int(old_id), False
         # The identical binding was deleted between our two statements: try again.
@@ -751,17 +759,7 @@ async def create_exchange_binding(
         "routing_key": routing_key,
         "arguments": arguments,
     }
-    for _ in range(_DECLARE_ATTEMPTS):
-        try:
-            new_id = (await conn.execute(_INSERT_E2E, values)).scalar()
-        except DBAPIError as exc:
-            raise (_too_large(exc) or exc) from None
-        if new_id is not None:
-            return int(new_id), True
-        old_id = (await conn.execute(_FIND_E2E, values)).scalar()
-        if old_id is not None:
-            return int(old_id), False
-    raise PreconditionFailed("the binding is being created and deleted concurrently")
+    return await _insert_or_find(conn, _INSERT_E2E, _FIND_E2E, values)
 
 
 async def get_binding(conn: AsyncConnection, binding_id: int) -> Binding | None:

@@ -397,12 +397,9 @@ async def test_each_hot_path_pool_has_its_planner_settings(database_url: str) ->
         await hot.close()
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection, mode: str) -> None:
-    """The publish's route read returns the bindings only of exchanges whose routing version
-    differs from the caller's compiled copy: with the copy current, the bindings of an
-    exchange with many are not read at all (a one-time filter), however it is planned."""
-    exchange_id = await conn.fetchval(
+async def _wide_exchange(conn: asyncpg.Connection) -> int:
+    """A topic exchange 'wide' with 20,000 bindings to the queue 'busy': its id."""
+    exchange_id: int = await conn.fetchval(
         "INSERT INTO exchanges (name, type) VALUES ('wide', 'topic') RETURNING id"
     )
     queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
@@ -414,6 +411,15 @@ async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection,
         exchange_id,
         queue_id,
     )
+    return exchange_id
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection, mode: str) -> None:
+    """The publish's route read returns the bindings only of exchanges whose routing version
+    differs from the caller's compiled copy: with the copy current, the bindings of an
+    exchange with many are not read at all (a one-time filter), however it is planned."""
+    exchange_id = await _wide_exchange(conn)
     await conn.execute("ANALYZE bindings")
     version = await conn.fetchval(
         "SELECT routing_version FROM exchanges WHERE id = $1", exchange_id
@@ -442,24 +448,13 @@ async def test_the_route_graph_read_probes_only_exchange_bindings(
     """The §14 read (LOAD_ROUTE_GRAPH) walks exchange-to-exchange bindings through their
     partial index: an exchange of 20,000 queue bindings with an e2e binding and an alternate
     costs the walk a few index probes, and with the copies current no queue binding is read."""
-    wide = await conn.fetchval(
-        "INSERT INTO exchanges (name, type) VALUES ('wide', 'topic') RETURNING id"
-    )
+    wide = await _wide_exchange(conn)
     narrow = await conn.fetchval(
         "INSERT INTO exchanges (name, type) VALUES ('narrow', 'fanout') RETURNING id"
     )
     alternate = await conn.fetchval(
         "INSERT INTO exchanges (name, type, arguments) VALUES "
         "('alt', 'fanout', '{\"alternate-exchange\": \"wide\"}') RETURNING id"
-    )
-    queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
-    await conn.execute(
-        """
-        INSERT INTO bindings (exchange_id, queue_id, routing_key)
-        SELECT $1, $2, 'k.' || g FROM generate_series(1, 20000) AS g
-        """,
-        wide,
-        queue_id,
     )
     await conn.execute(
         "INSERT INTO bindings (exchange_id, destination_exchange_id) VALUES ($1, $2)", wide, narrow
