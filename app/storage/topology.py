@@ -175,15 +175,25 @@ async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) 
     then the auto-delete exchanges that lost their last binding so; returns their names.
     Raises NotFound / PreconditionFailed.
 
-    The row is locked FOR UPDATE before ``if_unused`` is checked: a concurrent binding insert
-    holds (or waits for) FOR KEY SHARE on it, so it either committed before our check or fails
-    its foreign key after our delete — never bound to a deleted exchange. The exchanges with
-    a binding to it are locked too (in id order, after it) before the cascade: the cascade's
-    trigger bumps their routing_version, and the auto-delete ones may go with it.
+    One statement locks FOR UPDATE, in id order, the exchange and every exchange with a
+    binding to it (the cascade's trigger bumps their routing_version, and the auto-delete
+    ones may go with it): two exchanges bound to each other and deleted at once lock in the
+    same order, so they cannot deadlock. ``if_unused`` is checked after the lock: a
+    concurrent binding insert holds (or waits for) FOR KEY SHARE on the exchange, so it
+    either committed before our check or fails its foreign key after our delete — never
+    bound to a deleted exchange.
     """
-    exchange_id = (
-        await conn.execute(select(_ex.c.id).where(_ex.c.name == name).with_for_update())
-    ).scalar()
+    target = select(_ex.c.id).where(_ex.c.name == name).scalar_subquery()
+    sources = select(_b.c.exchange_id).where(_b.c.destination_exchange_id == target)
+    locked = (
+        await conn.execute(
+            select(_ex.c.id, _ex.c.name, _ex.c.auto_delete)
+            .where((_ex.c.name == name) | _ex.c.id.in_(sources))
+            .order_by(_ex.c.id)
+            .with_for_update()
+        )
+    ).all()
+    exchange_id = next((row.id for row in locked if row.name == name), None)
     if exchange_id is None:
         raise NotFound(f"exchange '{name}' not found")
     if if_unused:
@@ -195,22 +205,9 @@ async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) 
             raise PreconditionFailed(
                 f"exchange '{name}' is in use (it is the source or destination of bindings)"
             )
-    sources = (
-        await conn.execute(
-            select(_ex.c.id, _ex.c.auto_delete)
-            .where(
-                _ex.c.id != exchange_id,
-                _ex.c.id.in_(
-                    select(_b.c.exchange_id).where(_b.c.destination_exchange_id == exchange_id)
-                ),
-            )
-            .order_by(_ex.c.id)
-            .with_for_update()
-        )
-    ).all()
     await conn.execute(delete(_ex).where(_ex.c.id == exchange_id))
     return await _delete_unused_auto_delete_exchanges(
-        conn, [row.id for row in sources if row.auto_delete]
+        conn, [row.id for row in locked if row.auto_delete and row.id != exchange_id]
     )
 
 

@@ -375,3 +375,29 @@ def test_an_exchange_binding_needs_read_on_the_source_and_write_on_the_destinati
     for refused in (read_only, write_only, wrong_way):
         problem(refused.delete(f"/bindings/{made['id']}"), 403, "forbidden")
     ok(both.delete(f"/bindings/{made['id']}"), 204)
+
+
+def test_exchanges_bound_both_ways_deleted_at_once_never_fail(
+    adm: httpx.Client, srv: LiveServer
+) -> None:
+    """Each delete locks the exchange and those bound to it in one id order: two exchanges
+    bound to each other, deleted at the same moment (with binds racing), both go — no
+    deadlock, no 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support import ADMIN_PASSWORD, ADMIN_USER
+
+    with (
+        client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as one,
+        client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as two,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        for _ in range(15):
+            x, y = exchange(adm), exchange(adm)
+            link(adm, x, y)
+            link(adm, y, x)
+            first = pool.submit(one.delete, f"/exchanges/{x}")
+            second = pool.submit(two.delete, f"/exchanges/{y}")
+            assert first.result().status_code == 204, first.result().text
+            assert second.result().status_code == 204, second.result().text
+            assert bindings(adm, exchange=x) == bindings(adm, exchange=y) == []
