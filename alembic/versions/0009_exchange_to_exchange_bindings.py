@@ -16,6 +16,13 @@ unique constraint does for queue bindings; its NULL queue_id keeps e2e rows out 
 it is what the publish's graph walk probes by exchange_id, reading no queue binding. A
 partial index on destination_exchange_id serves the cascade and ``?destination_exchange=``.
 Adding a nullable column and dropping a NOT NULL rewrite nothing.
+
+``exchanges.onward`` says whether an exchange routes on (it has e2e bindings or an
+``alternate-exchange``): the publish's plain route read returns it, so a publish to an
+exchange without either pays nothing for §14 (its read is the one of before, plus this
+column). The declare sets it from the arguments; the routing_version trigger of 0004 now
+recomputes it, in the same UPDATE, for the exchanges whose bindings a statement changed
+(one probe of the partial index each). A constant default: adding it rewrites nothing.
 """
 
 from collections.abc import Sequence
@@ -31,8 +38,39 @@ depends_on: str | Sequence[str] | None = None
 
 _E2E = sa.text("destination_exchange_id IS NOT NULL")
 
+# 0004's function, which bumps the routing_version of the exchanges whose bindings changed,
+# now also recomputes their ``onward`` flag.
+_ONWARD = """
+onward = arguments ? 'alternate-exchange' OR EXISTS (
+    SELECT 1 FROM bindings AS b
+    WHERE b.exchange_id = exchanges.id AND b.destination_exchange_id IS NOT NULL)"""
+_FUNCTION = """
+CREATE OR REPLACE FUNCTION bindings_routing_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        WHERE id IN (SELECT exchange_id FROM new_bindings);
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        WHERE id IN (SELECT exchange_id FROM old_bindings);
+    ELSE
+        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        WHERE id IN (SELECT exchange_id FROM old_bindings
+                     UNION SELECT exchange_id FROM new_bindings);
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+
 
 def upgrade() -> None:
+    op.add_column(
+        "exchanges",
+        sa.Column("onward", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+    )
+    op.execute("UPDATE exchanges SET onward = true WHERE arguments ? 'alternate-exchange'")
+    op.execute(_FUNCTION.format(set=", " + _ONWARD.strip()))
     op.add_column("bindings", sa.Column("destination_exchange_id", sa.BigInteger(), nullable=True))
     op.create_foreign_key(
         "fk_bindings_destination_exchange_id_exchanges",
@@ -65,6 +103,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DELETE FROM bindings WHERE destination_exchange_id IS NOT NULL")
+    op.execute(_FUNCTION.format(set=""))
+    op.drop_column("exchanges", "onward")
     op.drop_index("ix_bindings_destination_exchange_id", table_name="bindings")
     op.drop_index("uq_bindings_exchange_to_exchange", table_name="bindings")
     op.drop_constraint("ck_bindings_one_destination", "bindings", type_="check")

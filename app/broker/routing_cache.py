@@ -16,8 +16,9 @@ edge, the publish reads exactly as before (``graph=False``). Otherwise it reads,
 round trip and one snapshot, the versions (and changed bindings) of every exchange reachable
 now (``graph=True``: a recursive query), passing the versions of those it reached last time;
 so a binding change on a downstream exchange, a new or removed edge, or a deleted or
-re-declared alternate is obeyed by the next publish on every process. An exchange that gains
-its first edge since it was compiled costs that one publish a second read.
+re-declared alternate is obeyed by the next publish on every process. The plain read carries
+each exchange's ``onward`` flag (migration 0009), so an exchange that gains its first edge
+since it was compiled costs that one publish a second read.
 
 Memory is capped: the least recently published-to exchanges are dropped first once the
 copies hold more than ``max_bindings`` bindings in all; an exchange larger than the cap on
@@ -113,9 +114,10 @@ class RoutingCache:
         if all(name in routes and routes[name].leaf for name in names):
             kept = {name: routes[name] for name in names}
             loaded = await store.load_routes(hot, names, {n: r.at for n, r in kept.items()})
-            found = self._take(names, kept, loaded)
-            if all(r.leaf for r in found.values()):
-                return found
+            if all(
+                not isinstance(got, store.ExchangeRoutes) or got.complete for got in loaded.values()
+            ):
+                return self._take(names, kept, loaded)
             # A named exchange gained an edge since it was compiled: read its graph.
         kept = {name: routes[name] for name in self._reach(names) if name in routes}
         known = {n: r.at for n, r in kept.items()}

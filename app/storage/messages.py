@@ -59,7 +59,9 @@ class RoutingVersion:
 class ExchangeRoutes:
     """What routing needs about an exchange: its type, its queue bindings, its queues' ids,
     its exchange-to-exchange bindings (each rule's ``queue`` is the destination exchange's
-    name), its alternate exchange's name, and the version they were read at."""
+    name), its alternate exchange's name, and the version they were read at. ``complete``
+    is False when a plain read found it routes on: its e2e bindings and alternate were not
+    read (the caller reads its graph)."""
 
     type: ExchangeType
     at: RoutingVersion
@@ -67,6 +69,7 @@ class ExchangeRoutes:
     queue_ids: dict[str, int]
     onward: list[BindingRule] = field(default_factory=list)
     alternate: str | None = None
+    complete: bool = True
 
 
 async def load_routes(
@@ -79,9 +82,9 @@ async def load_routes(
     """For each named exchange that exists — and with ``graph``, for every exchange reachable
     from them through exchange-to-exchange bindings and alternate exchanges — in one round
     trip: its routes, or only its current version when that is the one ``known`` gives for it
-    (the caller's copy is current)."""
+    (the caller's copy is current). Without ``graph``, a changed exchange that routes on
+    comes back with ``complete`` False."""
     known = known or {}
-    statement = queries.LOAD_ROUTE_GRAPH if graph else queries.LOAD_ROUTES
     given = list(known) if graph else list(names)
     versions = [known.get(name) for name in given]
     params: dict[str, Any] = {
@@ -89,12 +92,24 @@ async def load_routes(
         "known_ids": [v.id if v else None for v in versions],
         "known_versions": [v.version if v else None for v in versions],
     }
-    if graph:
-        params["roots"] = list(names)
-    rows = await hot.fetch(statement, params)
+    if not graph:
+        rows = await hot.fetch(queries.LOAD_ROUTES, params)
+        return _routes(known, [(*r[:4], None, r[5], r[6], None, *r[7:], r[4]) for r in rows])
+    params["roots"] = list(names)
+    rows = await hot.fetch(queries.LOAD_ROUTE_GRAPH, params)
+    return _routes(known, [(*r, False) for r in rows])
+
+
+def _routes(
+    known: Mapping[str, RoutingVersion], rows: list[tuple[Any, ...]]
+) -> dict[str, ExchangeRoutes | RoutingVersion]:
+    """Rows of (name, id, type, version, alternate, queue id, queue name, destination
+    exchange, key, arguments, routes on but not read) → each exchange's routes."""
     routes: dict[str, ExchangeRoutes | RoutingVersion] = {}
     for row in rows:
-        name, id_, type_, version, alternate, queue_id, queue_name, destination, key, args = row
+        name, id_, type_, version, alternate, queue_id, queue_name, destination, key, args, part = (
+            row
+        )
         found = routes.get(name)
         if found is None:
             at = RoutingVersion(id_, version)
@@ -102,7 +117,7 @@ async def load_routes(
                 routes[name] = at
                 continue
             found = routes[name] = ExchangeRoutes(
-                ExchangeType(type_), at, [], {}, alternate=alternate
+                ExchangeType(type_), at, [], {}, alternate=alternate, complete=not part
             )
         assert isinstance(found, ExchangeRoutes)
         if queue_id is not None:

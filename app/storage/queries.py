@@ -33,8 +33,8 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 
 # -- publish ------------------------------------------------------------------------------
 
-# The named exchanges' ids, types, routing versions and alternate exchanges, and the bindings
-# (with the bound queue's id and name, or the destination exchange's name) of those whose
+# The named exchanges' ids, types and routing versions, and the bindings (with the bound
+# queue's id and name) of those whose
 # (id, routing_version) differs from what the caller passed (its compiled copy, NULL when it
 # has none), in ONE round trip. When nothing changed, that is one row per exchange with NULL
 # binding columns: a publish to an exchange of 100,000 bindings reads a few bytes. The
@@ -54,41 +54,36 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 # the publisher retries with a fresh read (see messages.QueueDeleted; the delete's cascade
 # bumped the version of every exchange bound to it). Bindings come in id order, so that routing, and
 # so the "queues" list, is deterministic.
-_ROUTES_OF_E = """
-SELECT e.name, e.id, e.type, e.routing_version, e.arguments ->> 'alternate-exchange',
-       r.queue_id, r.queue_name, r.destination, r.routing_key, r.arguments
-FROM {exchanges}
+# The publisher uses this form while every exchange it names was compiled without
+# exchange-to-exchange bindings and alternate (the common case): the read of before §14, plus
+# the exchange's ``onward`` flag (migration 0009: it has e2e bindings or an alternate). A
+# changed exchange that is ``onward`` is read again with LOAD_ROUTE_GRAPH; the inner join
+# leaves its e2e bindings out here.
+LOAD_ROUTES = Statement(
+    text("""
+SELECT e.name, e.id, e.type, e.routing_version, e.onward, r.queue_id, r.queue_name,
+       r.routing_key, r.arguments
+FROM unnest(CAST(:names AS text[]), CAST(:known_ids AS bigint[]),
+            CAST(:known_versions AS bigint[])) AS k(name, id, version)
+JOIN exchanges AS e ON e.name = k.name
 LEFT JOIN LATERAL (
-    SELECT b.id, q.id AS queue_id, q.name AS queue_name, d.name AS destination,
-           b.routing_key, b.arguments
-    FROM bindings AS b
-    LEFT JOIN queues AS q ON q.id = b.queue_id
-    LEFT JOIN exchanges AS d ON d.id = b.destination_exchange_id
+    SELECT b.id, q.id AS queue_id, q.name AS queue_name, b.routing_key, b.arguments
+    FROM bindings AS b JOIN queues AS q ON q.id = b.queue_id
     WHERE b.exchange_id = e.id
       AND (k.id IS DISTINCT FROM e.id OR k.version IS DISTINCT FROM e.routing_version)
     OFFSET 0
 ) AS r ON true
 ORDER BY e.name, r.id
-"""
-# The publisher uses this form while every exchange it names was compiled without
-# exchange-to-exchange bindings and alternate (the common case): exactly the read of before.
-LOAD_ROUTES = Statement(
-    text(
-        _ROUTES_OF_E.format(
-            exchanges="""unnest(CAST(:names AS text[]), CAST(:known_ids AS bigint[]),
-            CAST(:known_versions AS bigint[])) AS k(name, id, version)
-JOIN exchanges AS e ON e.name = k.name"""
-        )
-    )
+""")
 )
-# The same for every exchange reachable from :roots through exchange-to-exchange bindings
+# The same, with each exchange's alternate and its bindings to exchanges (the destination's
+# name), for every exchange reachable from :roots through exchange-to-exchange bindings
 # and alternate exchanges (contract §14), still in ONE round trip and one snapshot: the
 # recursive step probes only the partial index of e2e bindings (uq_bindings_exchange_to_
 # exchange), never a queue binding, and UNION stops at exchanges already reached (cycles).
 # :names/:known_* give the caller's compiled versions for the exchanges it reached before.
 LOAD_ROUTE_GRAPH = Statement(
-    text(
-        """
+    text("""
 WITH RECURSIVE reach(id) AS (
     SELECT e.id FROM exchanges AS e WHERE e.name = ANY(CAST(:roots AS text[]))
   UNION
@@ -100,14 +95,25 @@ WITH RECURSIVE reach(id) AS (
         UNION ALL
         SELECT a.id FROM exchanges AS a WHERE a.name = e.arguments ->> 'alternate-exchange'
     ) AS n
-)"""
-        + _ROUTES_OF_E.format(
-            exchanges="""reach JOIN exchanges AS e ON e.id = reach.id
+)
+SELECT e.name, e.id, e.type, e.routing_version, e.arguments ->> 'alternate-exchange',
+       r.queue_id, r.queue_name, r.destination, r.routing_key, r.arguments
+FROM reach JOIN exchanges AS e ON e.id = reach.id
 LEFT JOIN unnest(CAST(:names AS text[]), CAST(:known_ids AS bigint[]),
                  CAST(:known_versions AS bigint[])) AS k(name, id, version)
-       ON k.name = e.name"""
-        )
-    )
+       ON k.name = e.name
+LEFT JOIN LATERAL (
+    SELECT b.id, q.id AS queue_id, q.name AS queue_name, d.name AS destination,
+           b.routing_key, b.arguments
+    FROM bindings AS b
+    LEFT JOIN queues AS q ON q.id = b.queue_id
+    LEFT JOIN exchanges AS d ON d.id = b.destination_exchange_id
+    WHERE b.exchange_id = e.id
+      AND (k.id IS DISTINCT FROM e.id OR k.version IS DISTINCT FROM e.routing_version)
+    OFFSET 0
+) AS r ON true
+ORDER BY e.name, r.id
+""")
 )
 
 # Direct-to-queue publishes: the queues' ids, for those that exist. Same reasoning.

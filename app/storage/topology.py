@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.arguments import ALTERNATE_EXCHANGE
 from app.domain.model import (
     Binding,
     Exchange,
@@ -122,6 +123,8 @@ async def declare_exchange(conn: AsyncConnection, exchange: Exchange) -> Declare
             durable=exchange.durable,
             auto_delete=exchange.auto_delete,
             arguments=exchange.arguments,
+            # routes on (§14); bindings to other exchanges set it too (the trigger, 0009)
+            onward=ALTERNATE_EXCHANGE in exchange.arguments,
         )
         .on_conflict_do_nothing(constraint="uq_exchanges_name")
         .returning(*_EXCHANGE_COLUMNS)

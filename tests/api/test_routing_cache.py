@@ -268,3 +268,23 @@ def test_alternate_exchanges_changed_on_b_are_obeyed_on_a(
     bind(b, alternate, again, "k")
     assert routed(a, x, "k") == [again]
     assert routed(a, x, "j") == []
+
+
+def test_a_plain_exchange_declared_again_with_an_alternate_on_b_uses_it_on_a(
+    pair: tuple[httpx.Client, httpx.Client],
+) -> None:
+    a, b = pair
+    alternate = exchange(b, "fanout")
+    caught = queue(b)
+    bind(b, alternate, caught)
+    x = exchange(b, "direct")
+    for _ in range(3):  # A compiles x as a plain exchange
+        assert routed(a, x, "k") == []
+    ok(b.delete(f"/exchanges/{x}"))
+    ok(
+        b.put(
+            f"/exchanges/{x}",
+            json={"type": "direct", "arguments": {"alternate-exchange": alternate}},
+        )
+    )
+    assert routed(a, x, "k") == [caught]
