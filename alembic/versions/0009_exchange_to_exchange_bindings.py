@@ -17,12 +17,14 @@ it is what the publish's graph walk probes by exchange_id, reading no queue bind
 partial index on destination_exchange_id serves the cascade and ``?destination_exchange=``.
 Adding a nullable column and dropping a NOT NULL rewrite nothing.
 
-``exchanges.onward`` says whether an exchange routes on (it has e2e bindings or an
-``alternate-exchange``): the publish's plain route read returns it, so a publish to an
-exchange without either pays nothing for §14 (its read is the one of before, plus this
+``exchanges.onward`` counts how an exchange routes on: its e2e bindings, plus one when it
+has an ``alternate-exchange``. The publish's plain route read returns it, so a publish to an
+exchange with neither pays nothing for §14 (its read is the one of before, plus this
 column). The declare sets it from the arguments; the routing_version trigger of 0004 now
-recomputes it, in the same UPDATE, for the exchanges whose bindings a statement changed
-(one probe of the partial index each). A constant default: adding it rewrites nothing.
+adds, in the same UPDATE, the change in each exchange's e2e bindings that the statement made
+(counted from the transition tables, so it is exact under concurrency: a waiting UPDATE
+re-applies the delta to the row version it finally locks, as it does the version bump).
+A constant default: adding it rewrites nothing.
 """
 
 from collections.abc import Sequence
@@ -38,25 +40,52 @@ depends_on: str | Sequence[str] | None = None
 
 _E2E = sa.text("destination_exchange_id IS NOT NULL")
 
-# 0004's function, which bumps the routing_version of the exchanges whose bindings changed,
-# now also recomputes their ``onward`` flag.
-_ONWARD = """
-onward = arguments ? 'alternate-exchange' OR EXISTS (
-    SELECT 1 FROM bindings AS b
-    WHERE b.exchange_id = exchanges.id AND b.destination_exchange_id IS NOT NULL)"""
-_FUNCTION = """
+# 0004's function, which bumps the routing_version of the exchanges whose bindings changed;
+# 0009's also keeps ``onward`` (one grouped pass over the statement's transition tables).
+_FUNCTION_0004 = """
 CREATE OR REPLACE FUNCTION bindings_routing_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        UPDATE exchanges SET routing_version = routing_version + 1
         WHERE id IN (SELECT exchange_id FROM new_bindings);
     ELSIF TG_OP = 'DELETE' THEN
-        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        UPDATE exchanges SET routing_version = routing_version + 1
         WHERE id IN (SELECT exchange_id FROM old_bindings);
     ELSE
-        UPDATE exchanges SET routing_version = routing_version + 1{set}
+        UPDATE exchanges SET routing_version = routing_version + 1
         WHERE id IN (SELECT exchange_id FROM old_bindings
                      UNION SELECT exchange_id FROM new_bindings);
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+_E2E_DELTA = "count(*) FILTER (WHERE destination_exchange_id IS NOT NULL)"
+_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION bindings_routing_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE exchanges AS e
+        SET routing_version = e.routing_version + 1, onward = e.onward + d.delta
+        FROM (SELECT exchange_id, {_E2E_DELTA} AS delta FROM new_bindings
+              GROUP BY exchange_id) AS d
+        WHERE e.id = d.exchange_id;
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE exchanges AS e
+        SET routing_version = e.routing_version + 1, onward = e.onward - d.delta
+        FROM (SELECT exchange_id, {_E2E_DELTA} AS delta FROM old_bindings
+              GROUP BY exchange_id) AS d
+        WHERE e.id = d.exchange_id;
+    ELSE
+        UPDATE exchanges AS e
+        SET routing_version = e.routing_version + 1, onward = e.onward + d.delta
+        FROM (SELECT exchange_id, sum(delta) AS delta FROM (
+                  SELECT exchange_id, {_E2E_DELTA} AS delta FROM new_bindings
+                  GROUP BY exchange_id
+                  UNION ALL
+                  SELECT exchange_id, -{_E2E_DELTA} FROM old_bindings GROUP BY exchange_id
+              ) AS c GROUP BY exchange_id) AS d
+        WHERE e.id = d.exchange_id;
     END IF;
     RETURN NULL;
 END
@@ -67,10 +96,10 @@ $$
 def upgrade() -> None:
     op.add_column(
         "exchanges",
-        sa.Column("onward", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.Column("onward", sa.Integer(), server_default=sa.text("0"), nullable=False),
     )
-    op.execute("UPDATE exchanges SET onward = true WHERE arguments ? 'alternate-exchange'")
-    op.execute(_FUNCTION.format(set=", " + _ONWARD.strip()))
+    op.execute("UPDATE exchanges SET onward = 1 WHERE arguments ? 'alternate-exchange'")
+    op.execute(_FUNCTION)
     op.add_column("bindings", sa.Column("destination_exchange_id", sa.BigInteger(), nullable=True))
     op.create_foreign_key(
         "fk_bindings_destination_exchange_id_exchanges",
@@ -103,7 +132,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DELETE FROM bindings WHERE destination_exchange_id IS NOT NULL")
-    op.execute(_FUNCTION.format(set=""))
+    op.execute(_FUNCTION_0004)
     op.drop_column("exchanges", "onward")
     op.drop_index("ix_bindings_destination_exchange_id", table_name="bindings")
     op.drop_index("uq_bindings_exchange_to_exchange", table_name="bindings")

@@ -17,7 +17,7 @@ round trip and one snapshot, the versions (and changed bindings) of every exchan
 now (``graph=True``: a recursive query), passing the versions of those it reached last time;
 so a binding change on a downstream exchange, a new or removed edge, or a deleted or
 re-declared alternate is obeyed by the next publish on every process. The plain read carries
-each exchange's ``onward`` flag (migration 0009), so an exchange that gains its first edge
+each exchange's ``onward`` count (migration 0009), so an exchange that gains its first edge
 since it was compiled costs that one publish a second read.
 
 Memory is capped: the least recently published-to exchanges are dropped first once the

@@ -94,7 +94,7 @@ async def load_routes(
     }
     if not graph:
         rows = await hot.fetch(queries.LOAD_ROUTES, params)
-        return _routes(known, [(*r[:4], None, r[5], r[6], None, *r[7:], r[4]) for r in rows])
+        return _routes(known, [(*r[:4], None, r[5], r[6], None, *r[7:], r[4] > 0) for r in rows])
     params["roots"] = list(names)
     rows = await hot.fetch(queries.LOAD_ROUTE_GRAPH, params)
     return _routes(known, [(*r, False) for r in rows])

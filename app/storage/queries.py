@@ -56,8 +56,8 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 # so the "queues" list, is deterministic.
 # The publisher uses this form while every exchange it names was compiled without
 # exchange-to-exchange bindings and alternate (the common case): the read of before §14, plus
-# the exchange's ``onward`` flag (migration 0009: it has e2e bindings or an alternate). A
-# changed exchange that is ``onward`` is read again with LOAD_ROUTE_GRAPH; the inner join
+# the exchange's ``onward`` count (migration 0009: its e2e bindings, +1 with an alternate). A
+# changed exchange whose ``onward`` is above 0 is read again with LOAD_ROUTE_GRAPH; the inner join
 # leaves its e2e bindings out here.
 LOAD_ROUTES = Statement(
     text("""

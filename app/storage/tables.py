@@ -71,10 +71,10 @@ exchanges = Table(
     # bindings of the exchange, so that broker processes can keep its bindings compiled
     # (broker/routing_cache.py).
     Column("routing_version", BigInteger, nullable=False, server_default=text("0")),
-    # Whether it routes on (§14): it has exchange-to-exchange bindings or an alternate
-    # exchange. Set at declare, recomputed by the same trigger (migration 0009); the plain
-    # route read returns it (storage.queries.LOAD_ROUTES).
-    Column("onward", Boolean, nullable=False, server_default=text("false")),
+    # How it routes on (§14): its exchange-to-exchange bindings, plus 1 with an alternate
+    # exchange. Set at declare, kept by the same trigger (migration 0009); the plain route
+    # read returns it (storage.queries.LOAD_ROUTES).
+    Column("onward", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     CheckConstraint("type IN ('direct', 'fanout', 'topic', 'headers')", name="type"),
 )

@@ -123,8 +123,8 @@ async def declare_exchange(conn: AsyncConnection, exchange: Exchange) -> Declare
             durable=exchange.durable,
             auto_delete=exchange.auto_delete,
             arguments=exchange.arguments,
-            # routes on (§14); bindings to other exchanges set it too (the trigger, 0009)
-            onward=ALTERNATE_EXCHANGE in exchange.arguments,
+            # routes on (§14); its bindings to other exchanges add to it (the trigger, 0009)
+            onward=int(ALTERNATE_EXCHANGE in exchange.arguments),
         )
         .on_conflict_do_nothing(constraint="uq_exchanges_name")
         .returning(*_EXCHANGE_COLUMNS)
