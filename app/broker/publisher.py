@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.auth.permissions import Access, require
 from app.broker.routing_cache import MAX_BINDINGS, Router, Routes, RoutingCache
@@ -98,10 +98,19 @@ class _Router:
     routing key alone decides (no headers exchange on the way), each distinct key is routed
     once per call."""
 
-    def __init__(self, router: Router) -> None:
-        self._route = router
-        self.queue_ids = router.queue_ids
-        self._memo: dict[str, list[str]] | None = {} if router.by_key_only else None
+    def __init__(self, found: Routes | Router) -> None:
+        # A leaf exchange (no e2e binding, no alternate) is routed by its compiled bindings
+        # directly, as before §14: no Router is built for it.
+        self._route: Callable[[str, Mapping[str, Any]], list[str]]
+        if isinstance(found, Routes):
+            self._route = found.route
+            self.queue_ids = found.queue_ids
+            by_key_only = found.route.by_key_only
+        else:
+            self._route = found
+            self.queue_ids = found.queue_ids
+            by_key_only = found.by_key_only
+        self._memo: dict[str, list[str]] | None = {} if by_key_only else None
 
     def __call__(self, message: OutgoingMessage) -> list[str]:
         if self._memo is None:
@@ -275,9 +284,11 @@ class Publisher:
         queue_ids: dict[str, int],
     ) -> _Plan:
         if request.exchange is not None:
-            if request.exchange not in routes:
+            root = routes.get(request.exchange)
+            if root is None:
                 raise NotFound(f"exchange '{request.exchange}' not found")
-            return self._route(Router(routes, request.exchange), request.messages, request.exchange)
+            found = root if root.leaf else Router(routes, request.exchange)
+            return self._route(found, request.messages, request.exchange)
         assert request.queue is not None
         queue_id = queue_ids.get(request.queue)
         if queue_id is None:
@@ -409,7 +420,9 @@ class Publisher:
             )
         return prepared
 
-    def _route(self, found: Router, messages: list[OutgoingMessage], exchange: str) -> _Plan:
+    def _route(
+        self, found: Routes | Router, messages: list[OutgoingMessage], exchange: str
+    ) -> _Plan:
         """Route every message; raise Unroutable for a mandatory message with no queue."""
         router = _Router(found)
         queue_ids = router.queue_ids
