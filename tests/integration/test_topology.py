@@ -348,3 +348,36 @@ async def test_exchanges_onward_counts_e2e_bindings_exactly_under_concurrency(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_the_routers_one_entry_point_routes_one_message_through_the_graph(
+    db: Database, topology: TopologyService
+) -> None:
+    """RoutingCache.route (what dead-lettering through an exchange calls): one message, one
+    read, through e2e bindings and alternates; queue ids with the names; None when missing."""
+    from app.broker.routing_cache import RoutingCache
+
+    admin = User("admin", Role.ADMIN, Permissions())
+    for name, kind, arguments in (
+        ("r-alt", ExchangeType.FANOUT, {}),
+        ("r-down", ExchangeType.TOPIC, {}),
+        ("r-main", ExchangeType.DIRECT, {"alternate-exchange": "r-alt"}),
+    ):
+        await topology.declare_exchange(admin, Exchange(name, kind, arguments=arguments))
+    for queue in ("r-q1", "r-q2"):
+        await topology.declare_queue(admin, Queue(queue))
+    await topology.create_binding(admin, exchange="r-alt", queue="r-q1")
+    await topology.create_binding(admin, exchange="r-down", queue="r-q2", routing_key="a.*")
+    await topology.create_binding(
+        admin, exchange="r-main", destination_exchange="r-down", routing_key="a.b"
+    )
+    cache = RoutingCache()
+    through = await cache.route(db.hot, "r-main", "a.b", {})
+    caught = await cache.route(db.hot, "r-main", "z", {})
+    assert through is not None
+    assert list(through) == ["r-q2"]
+    assert caught is not None
+    assert list(caught) == ["r-q1"]
+    assert through["r-q2"] != caught["r-q1"]
+    assert await cache.route(db.hot, "r-missing", "k", {}) is None
+    assert await cache.route(db.hot, "r-down", "a.c", {}) == through
