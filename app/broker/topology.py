@@ -148,6 +148,10 @@ class TopologyService:
         alternate = parse_exchange_arguments(exchange.arguments).alternate_exchange
         _refuse_reserved(exchange.name, "exchange")
         require(user, Access.CONFIGURE, exchange.name, "exchange")
+        if alternate is not None:
+            # As RabbitMQ: messages go from this exchange into the alternate.
+            require(user, Access.READ, exchange.name, "exchange")
+            require(user, Access.WRITE, alternate, "exchange")
         async with self.db.transaction() as conn:
             # §14: the alternate must exist (an exchange may name itself: harmless, as each
             # exchange is visited once). Deleting it later is allowed (docs/decisions.md).

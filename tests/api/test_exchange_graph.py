@@ -401,3 +401,19 @@ def test_exchanges_bound_both_ways_deleted_at_once_never_fail(
             assert first.result().status_code == 204, first.result().text
             assert second.result().status_code == 204, second.result().text
             assert bindings(adm, exchange=x) == bindings(adm, exchange=y) == []
+
+
+def test_declaring_an_alternate_needs_read_on_the_exchange_and_write_on_the_alternate(
+    adm: httpx.Client, user_factory: Any
+) -> None:
+    alternate = exchange(adm)
+    name = fresh("x")
+    body = {"type": "direct", "arguments": {"alternate-exchange": alternate}}
+    configure_only = user_factory(configure=name)
+    no_write = user_factory(configure=name, read=name)
+    allowed = user_factory(configure=name, read=name, write=alternate)
+    for refused in (configure_only, no_write):
+        problem(refused.put(f"/exchanges/{name}", json=body), 403, "forbidden")
+    assert adm.get(f"/exchanges/{name}").status_code == 404
+    ok(allowed.put(f"/exchanges/{name}", json=body), 201)
+    ok(configure_only.put(f"/exchanges/{fresh('x')}", json={"type": "direct"}), 403)

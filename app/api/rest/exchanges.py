@@ -22,7 +22,8 @@ router = APIRouter(tags=["exchanges"])
         "201 when created, 200 when an identical exchange exists (compared after defaults), "
         "409 when one exists with other properties. Names starting with `amq.` are reserved. "
         '`arguments["alternate-exchange"]` names an existing exchange (404 if missing) '
-        "through which a message this exchange routes to no queue goes on (§14)."
+        "through which a message this exchange routes to no queue goes on (§14); naming "
+        "one needs read on this exchange and write on the alternate."
     ),
     response_model=ExchangeOut,
     status_code=status.HTTP_201_CREATED,
