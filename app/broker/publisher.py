@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.auth.permissions import Access, require
 from app.broker.limits import Admission, Limits, QueueInfo
-from app.broker.routing_cache import MAX_BINDINGS, Routes, RoutingCache
+from app.broker.routing_cache import MAX_BINDINGS, Router, Routes, RoutingCache
 from app.broker.tasks import TaskOwner
 from app.domain.model import Delivery, OutgoingMessage, PublishResult, User
 from app.errors import (
@@ -98,12 +98,23 @@ class _Request:
 
 
 class _Router:
-    """Routes many messages against one exchange's compiled bindings; when the routing key
-    alone decides (every type but headers), each distinct key is routed once per call."""
+    """Routes many messages published to one exchange (``routing_cache.Router``); when the
+    routing key alone decides (no headers exchange on the way), each distinct key is routed
+    once per call."""
 
-    def __init__(self, routes: Routes) -> None:
-        self._route = routes.route
-        self._memo: dict[str, list[str]] | None = {} if routes.route.by_key_only else None
+    def __init__(self, found: Routes | Router) -> None:
+        # A leaf exchange (no e2e binding, no alternate) is routed by its compiled bindings
+        # directly, as before §14: no Router is built for it.
+        self._route: Callable[[str, Mapping[str, Any]], list[str]]
+        if isinstance(found, Routes):
+            self._route = found.route
+            self.queue_ids = found.queue_ids
+            by_key_only = found.route.by_key_only
+        else:
+            self._route = found
+            self.queue_ids = found.queue_ids
+            by_key_only = found.by_key_only
+        self._memo: dict[str, list[str]] | None = {} if by_key_only else None
 
     def __call__(self, message: OutgoingMessage) -> list[str]:
         if self._memo is None:
@@ -188,11 +199,11 @@ class Publisher:
         is gone. Dead-lettering through an exchange uses it (broker/settlement.py), so both
         share one router."""
         found = await self.routing.load(self.db.hot, [exchange])
-        routes = found.get(exchange)
-        if routes is None:
+        if exchange not in found:
             return [[] for _ in items]
-        route = routes.route
-        return [[(q, routes.queue_ids[q]) for q in route(key, headers)] for key, headers in items]
+        router = Router(found, exchange)  # through e2e bindings and alternates (§14)
+        ids = router.queue_ids
+        return [[(q, ids[q]) for q in router(key, headers)] for key, headers in items]
 
     async def close(self) -> None:
         await self.tasks.close()
@@ -293,9 +304,10 @@ class Publisher:
         queue_ids: dict[str, int],
     ) -> _Plan:
         if request.exchange is not None:
-            found = routes.get(request.exchange)
-            if found is None:
+            root = routes.get(request.exchange)
+            if root is None:
                 raise NotFound(f"exchange '{request.exchange}' not found")
+            found = root if root.leaf else Router(routes, request.exchange)
             return self._route(found, request.messages, request.exchange)
         assert request.queue is not None
         queue_id = queue_ids.get(request.queue)
@@ -488,9 +500,12 @@ class Publisher:
             )
         return prepared
 
-    def _route(self, routes: Routes, messages: list[OutgoingMessage], exchange: str) -> _Plan:
+    def _route(
+        self, found: Routes | Router, messages: list[OutgoingMessage], exchange: str
+    ) -> _Plan:
         """Route every message; raise Unroutable for a mandatory message with no queue."""
-        router = _Router(routes)
+        router = _Router(found)
+        queue_ids = router.queue_ids
         plan = _Plan(messages, exchange=exchange)
         for index, message in enumerate(messages):
             queues = router(message)
@@ -503,7 +518,7 @@ class Publisher:
                     )
                 plan.unroutable += 1
             for queue in queues:
-                queue_id = routes.queue_ids[queue]
+                queue_id = queue_ids[queue]
                 plan.copies.append((index, queue_id))
                 plan.queue_ids.add(queue_id)
             plan.results.append(PublishResult(bool(queues), list(queues), message.message_id))

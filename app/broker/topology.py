@@ -114,6 +114,13 @@ def _valid_for_any_exchange(arguments: dict[str, Any]) -> bool:
     return True
 
 
+def _check_binding_arguments(exchange_type: ExchangeType, arguments: dict[str, Any]) -> None:
+    try:
+        check_binding_arguments(exchange_type, arguments)
+    except ValueError as exc:
+        raise ValidationFailed.on_field("arguments", str(exc)) from None
+
+
 def _admin(user: User) -> bool:
     return user.role is Role.ADMIN
 
@@ -138,10 +145,22 @@ class TopologyService:
 
     async def declare_exchange(self, user: User, exchange: Exchange) -> tuple[Exchange, bool]:
         """Create the exchange, or find an identical one: (exchange, created)."""
-        parse_exchange_arguments(exchange.arguments)
+        alternate = parse_exchange_arguments(exchange.arguments).alternate_exchange
         _refuse_reserved(exchange.name, "exchange")
         require(user, Access.CONFIGURE, exchange.name, "exchange")
+        if alternate is not None:
+            # As RabbitMQ: messages go from this exchange into the alternate.
+            require(user, Access.READ, exchange.name, "exchange")
+            require(user, Access.WRITE, alternate, "exchange")
         async with self.db.transaction() as conn:
+            # §14: the alternate must exist (an exchange may name itself: harmless, as each
+            # exchange is visited once). Deleting it later is allowed (docs/decisions.md).
+            if (
+                alternate is not None
+                and alternate != exchange.name
+                and not await store.exchange_exists(conn, alternate)
+            ):
+                raise NotFound(f"alternate exchange '{alternate}' not found")
             declared = await store.declare_exchange(conn, exchange)
         if declared.differing:
             raise _differs("exchange", exchange.name, declared.differing)
@@ -175,8 +194,10 @@ class TopologyService:
         _refuse_reserved(name, "exchange")
         require(user, Access.CONFIGURE, name, "exchange")
         async with self.db.transaction() as conn:
-            await store.delete_exchange(conn, name, if_unused=if_unused)
+            exchanges = await store.delete_exchange(conn, name, if_unused=if_unused)
         log.info("exchange '%s' deleted by '%s'", name, user.username)
+        for exchange in exchanges:
+            log.info("auto-delete exchange '%s' deleted (no bindings left)", exchange)
 
     # ----------------------------------------------------------------------- queues
 
@@ -299,23 +320,37 @@ class TopologyService:
     # ----------------------------------------------------------------------- bindings
 
     @staticmethod
-    def _require_binding(user: User, exchange: str, queue: str) -> None:
-        """Binding *from* an exchange needs read on it; *to* a queue needs write on it."""
+    def _require_binding(user: User, exchange: str, destination: tuple[str, str]) -> None:
+        """Binding *from* an exchange needs read on it; *to* a queue needs write on it, and
+        *to* an exchange (§14) write on that exchange."""
         require(user, Access.READ, exchange, "exchange")
-        require(user, Access.WRITE, queue, "queue")
+        kind, name = destination
+        require(user, Access.WRITE, name, kind)
 
     async def create_binding(
         self,
         user: User,
         *,
         exchange: str,
-        queue: str,
+        queue: str | None = None,
+        destination_exchange: str | None = None,
         routing_key: str = "",
         arguments: dict[str, Any] | None = None,
     ) -> tuple[Binding, bool]:
-        """Bind, or find the identical binding: (binding, created)."""
+        """Bind, or find the identical binding: (binding, created). Exactly one of ``queue``
+        and ``destination_exchange`` names the destination."""
         arguments = arguments or {}
-        self._require_binding(user, exchange, queue)
+        if destination_exchange is not None:
+            if queue is not None:
+                raise ValidationFailed.on_field(
+                    "destination_exchange", "give either queue or destination_exchange, not both"
+                )
+            return await self._bind_exchange(
+                user, exchange, destination_exchange, routing_key, arguments
+            )
+        if queue is None:
+            raise ValidationFailed.on_field("queue", "give either queue or destination_exchange")
+        self._require_binding(user, exchange, ("queue", queue))
         if _valid_for_any_exchange(arguments):
             # One statement, no transaction around it: the common case in one round trip.
             binding_id, created = await store.bind(
@@ -328,14 +363,34 @@ class TopologyService:
             return binding, created
         async with self.db.transaction() as conn:
             ends = await store.lock_binding_ends(conn, exchange, queue)
-            try:
-                check_binding_arguments(ends.exchange_type, arguments)
-            except ValueError as exc:
-                raise ValidationFailed.on_field("arguments", str(exc)) from None
+            _check_binding_arguments(ends.exchange_type, arguments)
             binding_id, created = await store.create_binding(
                 conn, ends, routing_key=routing_key, arguments=arguments
             )
             binding = Binding(binding_id, exchange, queue, routing_key, arguments)
+            if not created:  # answer with the stored one
+                binding = await store.get_binding(conn, binding_id) or binding
+        return binding, created
+
+    async def _bind_exchange(
+        self,
+        user: User,
+        exchange: str,
+        destination: str,
+        routing_key: str,
+        arguments: dict[str, Any],
+    ) -> tuple[Binding, bool]:
+        """An exchange-to-exchange binding (contract §14), in one transaction."""
+        self._require_binding(user, exchange, ("exchange", destination))
+        async with self.db.transaction() as conn:
+            source_id, destination_id, kind = await store.lock_exchange_binding_ends(
+                conn, exchange, destination
+            )
+            _check_binding_arguments(kind, arguments)
+            binding_id, created = await store.create_exchange_binding(
+                conn, source_id, destination_id, routing_key=routing_key, arguments=arguments
+            )
+            binding = Binding(binding_id, exchange, None, routing_key, arguments, destination)
             if not created:  # answer with the stored one
                 binding = await store.get_binding(conn, binding_id) or binding
         return binding, created
@@ -348,16 +403,22 @@ class TopologyService:
         after: int | None = None,
         exchange: str | None = None,
         queue: str | None = None,
+        destination_exchange: str | None = None,
     ) -> Listing[Binding]:
         async with self.db.transaction() as conn:
 
             async def fetch(cursor: int | None, n: int) -> list[Binding]:
                 return await store.list_bindings(
-                    conn, after=cursor, limit=n, exchange=exchange, queue=queue
+                    conn,
+                    after=cursor,
+                    limit=n,
+                    exchange=exchange,
+                    queue=queue,
+                    destination_exchange=destination_exchange,
                 )
 
             def visible(b: Binding) -> bool:
-                return allows_any(user, b.exchange) or allows_any(user, b.queue)
+                return allows_any(user, b.exchange) or allows_any(user, b.destination[1])
 
             items, next_after = await _page(
                 fetch,
@@ -373,7 +434,7 @@ class TopologyService:
             binding = await store.get_binding(conn, binding_id)
             if binding is None:
                 raise NotFound(f"binding {binding_id} not found")
-            self._require_binding(user, binding.exchange, binding.queue)
+            self._require_binding(user, binding.exchange, binding.destination)
             deleted, exchanges = await store.delete_binding(conn, binding_id)
             if not deleted:
                 raise NotFound(f"binding {binding_id} not found")

@@ -86,11 +86,23 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class Binding:
+    """A binding from ``exchange`` to a queue or (contract §14) to another exchange: exactly
+    one of ``queue`` and ``destination_exchange`` is set."""
+
     id: int
     exchange: str
-    queue: str
+    queue: str | None
     routing_key: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
+    destination_exchange: str | None = None
+
+    @property
+    def destination(self) -> tuple[str, str]:
+        """(kind, name) of where it leads: ("queue", name) or ("exchange", name)."""
+        if self.queue is not None:
+            return "queue", self.queue
+        assert self.destination_exchange is not None
+        return "exchange", self.destination_exchange
 
 
 @dataclass(frozen=True, slots=True)

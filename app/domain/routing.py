@@ -1,6 +1,8 @@
-"""Exchange routing: which queues a published message goes to (contract §4, §12).
+"""Exchange routing: which queues a published message goes to (contract §4, §12, §14).
 
-Pure functions, no I/O. The semantics are AMQP 0-9-1 as RabbitMQ implements them,
+Pure functions, no I/O. :func:`route_graph` is the one entry point that follows
+exchange-to-exchange bindings and alternate exchanges; publishing and dead-lettering through
+an exchange both route with it. The semantics are AMQP 0-9-1 as RabbitMQ implements them,
 except that headers values are compared as JSON values (``1`` equals ``1.0``,
 ``true`` is not ``1``).
 """
@@ -19,11 +21,13 @@ __all__ = [
     "X_MATCH_VALUES",
     "BindingRule",
     "CompiledRoutes",
+    "ExchangeNode",
     "HeadersIndex",
     "TopicTrie",
     "check_binding_arguments",
     "headers_match",
     "route",
+    "route_graph",
     "topic_matches",
 ]
 
@@ -37,7 +41,11 @@ _DEFAULT_X_MATCH = "all"
 
 @dataclass(frozen=True, slots=True)
 class BindingRule:
-    """What routing needs to know about one binding of the exchange being published to."""
+    """What routing needs to know about one binding of the exchange being published to.
+
+    ``queue`` names the binding's destination: a queue, or for the rules of an exchange's
+    exchange-to-exchange bindings (:attr:`ExchangeNode.onward`), the destination exchange.
+    """
 
     queue: str
     routing_key: str
@@ -425,6 +433,81 @@ class CompiledRoutes:
             matched = self._headers.match(headers)
         queues = self._queues
         return list(dict.fromkeys(queues[i] for i in matched))
+
+
+# --------------------------------------------------------------------------- the graph
+
+#: What routes a message through one exchange's bindings: (routing key, headers) → names.
+Matcher = Callable[[str, Mapping[str, Any]], list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeNode:
+    """One exchange as :func:`route_graph` walks it: its queue bindings, its
+    exchange-to-exchange bindings (None: it has none) and its alternate exchange's name."""
+
+    queues: Matcher
+    onward: Matcher | None = None
+    alternate: str | None = None
+
+    @property
+    def leaf(self) -> bool:
+        """Routes to its own queues only: no exchange-to-exchange binding, no alternate."""
+        return self.onward is None and self.alternate is None
+
+
+def route_graph(
+    nodes: Mapping[str, ExchangeNode],
+    exchange: str,
+    routing_key: str,
+    headers: Mapping[str, Any],
+) -> list[str]:
+    """Distinct queue names a message published to ``exchange`` goes to (contract §14).
+
+    The walk is depth first, in binding order, and visits each exchange at most once per
+    message (so cycles end). An exchange reaches the queues its queue bindings match and
+    those reached through the exchanges its exchange-to-exchange bindings match; when that is
+    nothing, the message goes on through its alternate exchange (same key and headers), whose
+    queues then count as the exchange's own. A destination already visited counts with what
+    it has reached so far; a name missing from ``nodes`` (a deleted alternate exchange)
+    reaches nothing. A leaf exchange costs exactly its own match.
+    """
+    root = nodes.get(exchange)
+    if root is None:
+        return []
+    if root.leaf:
+        return root.queues(routing_key, headers)
+    found: dict[str, None] = {}  # insertion-ordered set
+    reached: dict[str, bool] = {}  # visited exchange → has it reached a queue (so far)
+    # (exchange, its matched destinations not yet walked, alternate already tried)
+    stack: list[tuple[str, Iterator[str], bool]] = []
+
+    def enter(name: str) -> bool:
+        node = nodes.get(name)
+        if node is None or name in reached:
+            return False
+        queues = node.queues(routing_key, headers)
+        found.update(dict.fromkeys(queues))
+        reached[name] = bool(queues)
+        onward = node.onward(routing_key, headers) if node.onward is not None else []
+        stack.append((name, iter(onward), False))
+        return True
+
+    enter(exchange)
+    while stack:
+        name, onward, tried = stack[-1]
+        destination = next(onward, None)
+        if destination is None and not tried and not reached[name]:
+            stack[-1] = (name, onward, True)
+            destination = nodes[name].alternate
+        if destination is not None:
+            if not enter(destination) and reached.get(destination):
+                reached[name] = True
+            continue
+        stack.pop()
+        if stack and reached[name]:
+            reached[stack[-1][0]] = True
+    return list(found)
 
 
 # --------------------------------------------------------------------------- validation

@@ -8,6 +8,8 @@
 //   });
 //   const { routed, queues } = await mx.publish({ exchange: "orders", routing_key: "order.created",
 //                                                body: { id: 42 } });
+//   await mx.declareExchange("orders", { type: "topic", alternateExchange: "unrouted" });
+//   await mx.bind({ exchange: "orders", destination_exchange: "audit", routing_key: "#" });
 //
 // One WebSocket per client. Every request frame carries an `id`, and the server answers each
 // with exactly one frame carrying that id (the success frame or ERROR), so every call here
@@ -36,6 +38,12 @@ export class MessageXError extends Error {
 function defaultUrl() {
   const scheme = globalThis.location?.protocol === "https:" ? "wss:" : "ws:";
   return `${scheme}//${globalThis.location?.host}/api/v1/ws`;
+}
+
+function restAuthorization(auth) {
+  if (auth.token) return `Bearer ${auth.token}`;
+  const bytes = new TextEncoder().encode(`${auth.username}:${auth.password}`);
+  return `Basic ${btoa(String.fromCharCode(...bytes))}`;
 }
 
 /** A delivery. `body` is the JSON body, or null when the message is binary (`body_base64`). */
@@ -224,6 +232,74 @@ export class Client extends EventTarget {
       rejected: reply.rejected || [],
       duplicates: reply.duplicates || [],
     };
+  }
+
+  // -- exchanges and bindings (REST, same broker and credentials; contract §4, §6, §14) --
+
+  /**
+   * Declare an exchange. `alternateExchange` names an existing exchange that gets the
+   * messages this one routes to no queue (`arguments["alternate-exchange"]`).
+   * @param {string} name
+   * @param {{type: "direct"|"fanout"|"topic"|"headers", durable?: boolean,
+   *          auto_delete?: boolean, alternateExchange?: string, arguments?: object}} options
+   */
+  declareExchange(name, { type, durable = true, auto_delete = false, alternateExchange, arguments: args = {} }) {
+    const body = { type, durable, auto_delete, arguments: { ...args } };
+    if (alternateExchange !== undefined) body.arguments["alternate-exchange"] = alternateExchange;
+    return this._rest("PUT", `/exchanges/${encodeURIComponent(name)}`, body);
+  }
+
+  /** Delete an exchange and the bindings it is source or destination of. */
+  deleteExchange(name, { ifUnused = false } = {}) {
+    return this._rest("DELETE", `/exchanges/${encodeURIComponent(name)}${ifUnused ? "?if_unused=true" : ""}`);
+  }
+
+  /**
+   * Bind a queue, or another exchange (`destination_exchange`), to `exchange`: exactly one
+   * of `queue` and `destination_exchange`. Resolves with the binding
+   * {id, exchange, queue, destination_exchange, routing_key, arguments}.
+   */
+  bind({ exchange, queue, destination_exchange, routing_key = "", arguments: args = {} }) {
+    if ((queue === undefined) === (destination_exchange === undefined)) {
+      return Promise.reject(new TypeError("give exactly one of queue and destination_exchange"));
+    }
+    const body = { exchange, routing_key, arguments: args };
+    if (queue !== undefined) body.queue = queue;
+    else body.destination_exchange = destination_exchange;
+    return this._rest("POST", "/bindings", body);
+  }
+
+  /** Delete a binding by its id. */
+  unbind(id) {
+    return this._rest("DELETE", `/bindings/${encodeURIComponent(id)}`);
+  }
+
+  /** The first 1000 bindings matching {exchange, queue, destination_exchange}, by id. */
+  async bindings(filter = {}) {
+    const query = new URLSearchParams({ limit: "1000" });
+    for (const key of ["exchange", "queue", "destination_exchange"]) {
+      if (filter[key] !== undefined) query.set(key, filter[key]);
+    }
+    return (await this._rest("GET", `/bindings?${query}`)).items;
+  }
+
+  async _rest(method, path, body) {
+    const url = new URL(this.url);
+    url.protocol = url.protocol === "wss:" ? "https:" : "http:";
+    const root = url.pathname.replace(/\/ws$/, "");
+    const headers = { Accept: "application/json", Authorization: restAuthorization(this._auth) };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(`${url.origin}${root}${path}`, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await response.text();
+    const data = text ? JSON.parse(text) : null;
+    if (!response.ok) {
+      throw new MessageXError(data?.code || `http_${response.status}`, data?.detail || response.statusText, data);
+    }
+    return data;
   }
 
   /** Round trip to the broker. */

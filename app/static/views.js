@@ -349,7 +349,11 @@ export function exchangesView(main, _params, ctx) {
   const type = h("select", { name: "type" }, EXCHANGE_TYPES.map((t) => h("option", { value: t }, t)));
   const durable = checkbox("Durable", { checked: true });
   const autoDelete = checkbox("Auto-delete (when its last binding goes)");
-  const args = jsonInput("Arguments (JSON object)", "{}");
+  const alternate = h("input", { name: "alternate-exchange", autocomplete: "off" });
+  const alternates = datalist([]);
+  alternate.setAttribute("list", alternates.id);
+  namesOf("/exchanges").then((list) => append(alternates.el, list.map((n) => h("option", { value: n }))));
+  const args = jsonInput("Other arguments (JSON object)", "{}");
   const form = h(
     "form",
     { class: "card" },
@@ -357,12 +361,19 @@ export function exchangesView(main, _params, ctx) {
     field("Type", type),
     durable.el,
     autoDelete.el,
+    field(
+      "Alternate exchange (alternate-exchange)",
+      alternate,
+      "Optional: an existing exchange that gets the messages this one routes to no queue",
+    ),
+    alternates.el,
     args.el,
     h("button", { type: "submit" }, "Declare exchange"),
   );
   onSubmit(form, async () => {
-    const argumentsValue = args.read({}, { object: true });
+    let argumentsValue = args.read({}, { object: true });
     if (argumentsValue === undefined) return;
+    if (alternate.value !== "") argumentsValue = { ...argumentsValue, "alternate-exchange": alternate.value };
     try {
       const r = await api("PUT", `/exchanges/${seg(name.value)}`, {
         body: { type: type.value, durable: durable.input.checked, auto_delete: autoDelete.input.checked, arguments: argumentsValue },
@@ -370,6 +381,7 @@ export function exchangesView(main, _params, ctx) {
       });
       ctx.notify(r.status === 201 ? `Exchange ${r.data.name} declared` : `Exchange ${r.data.name} already exists as declared`);
       name.value = "";
+      alternate.value = "";
       refresh();
     } catch (error) {
       ctx.showError(error, "Declare exchange");
@@ -402,6 +414,7 @@ export function exchangeView(main, params, ctx) {
   const name = params.parts[1];
   const settings = h("div");
   const bindings = h("div");
+  const incoming = h("div");
   const actions = h("div", { class: "actions" });
   fill(
     main,
@@ -410,6 +423,7 @@ export function exchangeView(main, params, ctx) {
     section("Settings", settings),
     section("Actions", actions),
     section("Bindings from this exchange", bindings, bindingForm(ctx, { exchange: name }, () => loadBindings())),
+    section("Exchange bindings to this exchange", incoming),
   );
 
   async function load() {
@@ -420,9 +434,12 @@ export function exchangeView(main, params, ctx) {
         ["Durable", yesNo(x.durable)],
         ["Auto-delete", yesNo(x.auto_delete)],
         ["Built-in", yesNo(x.builtin)],
+        ["Alternate exchange", typeof x.arguments["alternate-exchange"] === "string"
+          ? link(x.arguments["alternate-exchange"], "exchanges", x.arguments["alternate-exchange"])
+          : h("em", null, "none")],
         ["Arguments", pre(json(x.arguments), "Arguments")],
       ]));
-      const ifUnused = checkbox("Only if it has no bindings");
+      const ifUnused = checkbox("Only if no binding leads from or to it");
       fill(
         actions,
         h("a", { href: `${route("publish")}?exchange=${encodeURIComponent(name)}`, class: "button" }, "Publish to this exchange"),
@@ -446,7 +463,10 @@ export function exchangeView(main, params, ctx) {
   }
 
   async function loadBindings() {
-    await renderBindings(bindings, ctx, { exchange: name }, loadBindings);
+    await Promise.all([
+      renderBindings(bindings, ctx, { exchange: name }, loadBindings),
+      renderBindings(incoming, ctx, { destination_exchange: name }, loadBindings),
+    ]);
   }
 
   load();
@@ -455,11 +475,18 @@ export function exchangeView(main, params, ctx) {
 
 // -- bindings (shared by the exchange and queue pages) ---------------------------------
 
+/** Where a binding leads: its queue, or (exchange-to-exchange) its destination exchange. */
+function destinationOf(b) {
+  return b.queue !== null
+    ? h("span", null, "queue ", link(b.queue, "queues", b.queue))
+    : h("span", null, "exchange ", link(b.destination_exchange, "exchanges", b.destination_exchange));
+}
+
 async function renderBindings(container, ctx, filter, reload) {
   try {
     const page = await api("GET", "/bindings", { query: { ...filter, limit: 1000 } });
     const rows = page.items.map((b) => [
-      filter.exchange !== undefined ? link(b.queue, "queues", b.queue) : link(b.exchange, "exchanges", b.exchange),
+      filter.exchange !== undefined ? destinationOf(b) : link(b.exchange, "exchanges", b.exchange),
       b.routing_key === "" ? h("em", null, "(empty)") : b.routing_key,
       pre(json(b.arguments), "Arguments"),
       button("Delete", async () => {
@@ -470,12 +497,13 @@ async function renderBindings(container, ctx, filter, reload) {
         } catch (error) {
           ctx.showError(error, "Delete binding");
         }
-      }, { "aria-label": `Delete binding ${b.exchange} → ${b.queue} (${b.routing_key})` }),
+      }, { "aria-label": `Delete binding ${b.exchange} → ${b.queue ?? b.destination_exchange} (${b.routing_key})` }),
     ]);
+    const incoming = filter.destination_exchange !== undefined;
     fill(container, rows.length === 0
-      ? h("p", null, "No bindings.")
+      ? h("p", null, incoming ? "No exchange is bound to this one." : "No bindings.")
       : [
-        table("Bindings", [filter.exchange !== undefined ? "Queue" : "Exchange", "Routing key", "Arguments", "Actions"], rows),
+        table(incoming ? "Bindings to this exchange" : "Bindings", [filter.exchange !== undefined ? "Destination" : "From exchange", "Routing key", "Arguments", "Actions"], rows),
         page.next_after !== null ? h("p", { class: "hint" }, "Showing the first 1000 bindings.") : null,
       ]);
   } catch (error) {
@@ -483,20 +511,39 @@ async function renderBindings(container, ctx, filter, reload) {
   }
 }
 
-/** The "add a binding" form; `fixed` holds the exchange or the queue of the page. */
+/** The "add a binding" form; `fixed` holds the exchange or the queue of the page. From an
+ * exchange's page the destination is a queue or (exchange-to-exchange) another exchange. */
 function bindingForm(ctx, fixed, reload) {
-  const otherKind = fixed.exchange !== undefined ? "queue" : "exchange";
+  const fromExchange = fixed.exchange !== undefined;
+  const otherKind = fromExchange ? "queue" : "exchange";
   const other = h("input", { name: otherKind, required: true, autocomplete: "off" });
   const key = h("input", { name: "routing_key", autocomplete: "off" });
   const args = jsonInput("Arguments (JSON object; headers exchanges match on these)", "{}");
   const names = datalist([]);
   other.setAttribute("list", names.id);
-  namesOf(otherKind === "queue" ? "/queues" : "/exchanges").then((list) => append(names.el, list.map((n) => h("option", { value: n }))));
+  const kind = h(
+    "select",
+    { name: "destination_kind" },
+    h("option", { value: "queue" }, "a queue"),
+    h("option", { value: "exchange" }, "an exchange (its bindings route on)"),
+  );
+  const otherLabel = h("span", null, fromExchange ? "Queue" : "Exchange");
+  async function loadNames() {
+    const list = await namesOf(fromExchange && kind.value === "queue" ? "/queues" : "/exchanges");
+    fill(names.el, list.map((n) => h("option", { value: n })));
+  }
+  kind.addEventListener("change", () => {
+    otherLabel.textContent = kind.value === "queue" ? "Queue" : "Destination exchange";
+    other.name = kind.value === "queue" ? "queue" : "destination_exchange";
+    loadNames();
+  });
+  loadNames();
   const form = h(
     "form",
     { class: "card" },
     h("h3", null, "Add a binding"),
-    field(otherKind === "queue" ? "Queue" : "Exchange", other),
+    fromExchange ? field("Bind to", kind) : null,
+    field(otherLabel, other),
     names.el,
     field("Routing key", key, "Topic exchanges: * matches one word, # zero or more"),
     args.el,
@@ -505,10 +552,17 @@ function bindingForm(ctx, fixed, reload) {
   return onSubmit(form, async () => {
     const argumentsValue = args.read({}, { object: true });
     if (argumentsValue === undefined) return;
-    const body = { exchange: fixed.exchange ?? other.value, queue: fixed.queue ?? other.value, routing_key: key.value, arguments: argumentsValue };
+    const toExchange = fromExchange && kind.value === "exchange";
+    const body = {
+      exchange: fixed.exchange ?? other.value,
+      ...(toExchange ? { destination_exchange: other.value } : { queue: fixed.queue ?? other.value }),
+      routing_key: key.value,
+      arguments: argumentsValue,
+    };
     try {
       const r = await api("POST", "/bindings", { body, withStatus: true });
-      ctx.notify(r.status === 201 ? `Bound ${body.queue} to ${body.exchange}` : "That binding already exists");
+      const target = toExchange ? `exchange ${body.destination_exchange}` : body.queue;
+      ctx.notify(r.status === 201 ? `Bound ${target} to ${body.exchange}` : "That binding already exists");
       other.value = "";
       key.value = "";
       await reload();

@@ -9,7 +9,7 @@ on its concurrency reasoning. Callers own the transactions.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -58,45 +58,75 @@ class RoutingVersion:
 
 @dataclass(frozen=True, slots=True)
 class ExchangeRoutes:
-    """What routing needs about an exchange: its type, its bindings, its queues' ids, and
-    the version they were read at."""
+    """What routing needs about an exchange: its type, its queue bindings, its queues' ids,
+    its exchange-to-exchange bindings (each rule's ``queue`` is the destination exchange's
+    name), its alternate exchange's name, and the version they were read at. ``complete``
+    is False when a plain read found it routes on: its e2e bindings and alternate were not
+    read (the caller reads its graph)."""
 
     type: ExchangeType
     at: RoutingVersion
     bindings: list[BindingRule]
     queue_ids: dict[str, int]
+    onward: list[BindingRule] = field(default_factory=list)
+    alternate: str | None = None
+    complete: bool = True
 
 
 async def load_routes(
-    hot: HotPath, names: Sequence[str], known: Mapping[str, RoutingVersion] | None = None
+    hot: HotPath,
+    names: Sequence[str],
+    known: Mapping[str, RoutingVersion] | None = None,
+    *,
+    graph: bool = False,
 ) -> dict[str, ExchangeRoutes | RoutingVersion]:
-    """For each named exchange that exists, in one round trip: its routes, or only its
-    current version when that is the one ``known`` gives for it (the caller's copy is
-    current)."""
+    """For each named exchange that exists — and with ``graph``, for every exchange reachable
+    from them through exchange-to-exchange bindings and alternate exchanges — in one round
+    trip: its routes, or only its current version when that is the one ``known`` gives for it
+    (the caller's copy is current). Without ``graph``, a changed exchange that routes on
+    comes back with ``complete`` False."""
     known = known or {}
-    versions = [known.get(name) for name in names]
-    rows = await hot.fetch(
-        queries.LOAD_ROUTES,
-        {
-            "names": list(names),
-            "known_ids": [v.id if v else None for v in versions],
-            "known_versions": [v.version if v else None for v in versions],
-        },
-    )
+    given = list(known) if graph else list(names)
+    versions = [known.get(name) for name in given]
+    params: dict[str, Any] = {
+        "names": given,
+        "known_ids": [v.id if v else None for v in versions],
+        "known_versions": [v.version if v else None for v in versions],
+    }
+    if not graph:
+        rows = await hot.fetch(queries.LOAD_ROUTES, params)
+        return _routes(known, [(*r[:4], None, r[5], r[6], None, *r[7:], r[4] > 0) for r in rows])
+    params["roots"] = list(names)
+    rows = await hot.fetch(queries.LOAD_ROUTE_GRAPH, params)
+    return _routes(known, [(*r, False) for r in rows])
+
+
+def _routes(
+    known: Mapping[str, RoutingVersion], rows: list[tuple[Any, ...]]
+) -> dict[str, ExchangeRoutes | RoutingVersion]:
+    """Rows of (name, id, type, version, alternate, queue id, queue name, destination
+    exchange, key, arguments, routes on but not read) → each exchange's routes."""
     routes: dict[str, ExchangeRoutes | RoutingVersion] = {}
-    for name, id_, type_, version, queue_id, queue_name, routing_key, arguments in rows:
+    for row in rows:
+        name, id_, type_, version, alternate, queue_id, queue_name, destination, key, args, part = (
+            row
+        )
         found = routes.get(name)
         if found is None:
             at = RoutingVersion(id_, version)
             if known.get(name) == at:
                 routes[name] = at
                 continue
-            found = routes[name] = ExchangeRoutes(ExchangeType(type_), at, [], {})
-        if queue_id is None:  # the exchange has no bindings
-            continue
+            found = routes[name] = ExchangeRoutes(
+                ExchangeType(type_), at, [], {}, alternate=alternate, complete=not part
+            )
         assert isinstance(found, ExchangeRoutes)
-        found.bindings.append(BindingRule(queue_name, routing_key, arguments))
-        found.queue_ids[queue_name] = queue_id
+        if queue_id is not None:
+            found.bindings.append(BindingRule(queue_name, key, args))
+            found.queue_ids[queue_name] = queue_id
+        elif destination is not None:
+            found.onward.append(BindingRule(destination, key, args))
+        # else: the exchange has no bindings
     return routes
 
 

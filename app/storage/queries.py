@@ -7,8 +7,8 @@ parameters and read their rows stay with their subject; the plan tests
 (tests/integration/test_query_plans.py) run these by name.
 
 ==========================  ==================================================================
-publish                     LOAD_ROUTES, FIND_QUEUES, INSERT_COPIES, INSERT_COPIES_HANDING_OFF
-                            (storage.messages)
+publish                     LOAD_ROUTES, LOAD_ROUTE_GRAPH, FIND_QUEUES, INSERT_COPIES,
+                            INSERT_COPIES_HANDING_OFF (storage.messages)
 publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
 claim                       CLAIM, NEXT_DUE (storage.deliveries)
 poll                        READY_QUEUES, READY_QUEUES_OF (storage.deliveries)
@@ -34,18 +34,19 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 # -- publish ------------------------------------------------------------------------------
 
 # The named exchanges' ids, types and routing versions, and the bindings (with the bound
-# queue's id and name) of those whose (id, routing_version) differs from what the caller
-# passed (its compiled copy, NULL when it has none), in ONE round trip. When nothing
-# changed, that is one row per exchange with NULL binding columns: a publish to an exchange
-# of 100,000 bindings reads a few bytes. The differs-test references only the outer row, so
-# PostgreSQL makes it a one-time filter of the LATERAL subquery, which is not run at all
-# when the copy is current; OFFSET 0 keeps the subquery from being flattened into a join
-# (PostgreSQL then hashed every binding of the table before applying the test). No row for a
-# name means no such exchange.
-# Every statement that adds or removes bindings of an exchange increments its routing_version
-# in the same transaction (a trigger, migration 0004: cascades and an operator's SQL too), so
-# in one snapshot an unchanged version means the very binding set the caller compiled; a
-# deleted and re-declared exchange has a new id.
+# queue's id and name) of those whose
+# (id, routing_version) differs from what the caller passed (its compiled copy, NULL when it
+# has none), in ONE round trip. When nothing changed, that is one row per exchange with NULL
+# binding columns: a publish to an exchange of 100,000 bindings reads a few bytes. The
+# differs-test references only the outer row, so PostgreSQL makes it a one-time filter of
+# the LATERAL subquery, which is not run at all when the copy is current; OFFSET 0 keeps the
+# subquery from being flattened into a join (PostgreSQL then hashed every binding of the
+# table before applying the test). No row for a name means no such exchange.
+# Every statement that adds or removes bindings of an exchange (exchange-to-exchange ones
+# included: they are bindings of their source) increments its routing_version in the same
+# transaction (a trigger, migration 0004: cascades and an operator's SQL too), so in one
+# snapshot an unchanged version means the very binding set the caller compiled; a deleted and
+# re-declared exchange has a new id (and its arguments, so its alternate, can change only so).
 # Plain snapshot read, no row locks: a publish must never serialize on the exchange row
 # (KEY SHARE locks from concurrent publishers would pile up multixacts). A binding or queue
 # created concurrently is simply not seen (the publish is ordered before it); a queue
@@ -53,16 +54,60 @@ NEW_TAG_SQL = "{id}::text || '.' || replace(gen_random_uuid()::text, '-', '')"
 # the publisher retries with a fresh read (see messages.QueueDeleted; the delete's cascade
 # bumped the version of every exchange bound to it). Bindings come in id order, so that routing, and
 # so the "queues" list, is deterministic.
+# The publisher uses this form while every exchange it names was compiled without
+# exchange-to-exchange bindings and alternate (the common case): the read of before §14, plus
+# the exchange's ``onward`` count (migration 0009: its e2e bindings, +1 with an alternate). A
+# changed exchange whose ``onward`` is above 0 is read again with LOAD_ROUTE_GRAPH; the inner join
+# leaves its e2e bindings out here.
 LOAD_ROUTES = Statement(
     text("""
-SELECT e.name, e.id, e.type, e.routing_version, r.queue_id, r.queue_name, r.routing_key,
-       r.arguments
+SELECT e.name, e.id, e.type, e.routing_version, e.onward, r.queue_id, r.queue_name,
+       r.routing_key, r.arguments
 FROM unnest(CAST(:names AS text[]), CAST(:known_ids AS bigint[]),
             CAST(:known_versions AS bigint[])) AS k(name, id, version)
 JOIN exchanges AS e ON e.name = k.name
 LEFT JOIN LATERAL (
     SELECT b.id, q.id AS queue_id, q.name AS queue_name, b.routing_key, b.arguments
     FROM bindings AS b JOIN queues AS q ON q.id = b.queue_id
+    WHERE b.exchange_id = e.id
+      AND (k.id IS DISTINCT FROM e.id OR k.version IS DISTINCT FROM e.routing_version)
+    OFFSET 0
+) AS r ON true
+ORDER BY e.name, r.id
+""")
+)
+# The same, with each exchange's alternate and its bindings to exchanges (the destination's
+# name), for every exchange reachable from :roots through exchange-to-exchange bindings
+# and alternate exchanges (contract §14), still in ONE round trip and one snapshot: the
+# recursive step probes only the partial index of e2e bindings (uq_bindings_exchange_to_
+# exchange), never a queue binding, and UNION stops at exchanges already reached (cycles).
+# :names/:known_* give the caller's compiled versions for the exchanges it reached before.
+LOAD_ROUTE_GRAPH = Statement(
+    text("""
+WITH RECURSIVE reach(id) AS (
+    SELECT e.id FROM exchanges AS e WHERE e.name = ANY(CAST(:roots AS text[]))
+  UNION
+    SELECT n.id
+    FROM reach JOIN exchanges AS e ON e.id = reach.id
+    CROSS JOIN LATERAL (
+        SELECT b.destination_exchange_id AS id FROM bindings AS b
+        WHERE b.exchange_id = e.id AND b.destination_exchange_id IS NOT NULL
+        UNION ALL
+        SELECT a.id FROM exchanges AS a WHERE a.name = e.arguments ->> 'alternate-exchange'
+    ) AS n
+)
+SELECT e.name, e.id, e.type, e.routing_version, e.arguments ->> 'alternate-exchange',
+       r.queue_id, r.queue_name, r.destination, r.routing_key, r.arguments
+FROM reach JOIN exchanges AS e ON e.id = reach.id
+LEFT JOIN unnest(CAST(:names AS text[]), CAST(:known_ids AS bigint[]),
+                 CAST(:known_versions AS bigint[])) AS k(name, id, version)
+       ON k.name = e.name
+LEFT JOIN LATERAL (
+    SELECT b.id, q.id AS queue_id, q.name AS queue_name, d.name AS destination,
+           b.routing_key, b.arguments
+    FROM bindings AS b
+    LEFT JOIN queues AS q ON q.id = b.queue_id
+    LEFT JOIN exchanges AS d ON d.id = b.destination_exchange_id
     WHERE b.exchange_id = e.id
       AND (k.id IS DISTINCT FROM e.id OR k.version IS DISTINCT FROM e.routing_version)
     OFFSET 0

@@ -72,6 +72,10 @@ exchanges = Table(
     # bindings of the exchange, so that broker processes can keep its bindings compiled
     # (broker/routing_cache.py).
     Column("routing_version", BigInteger, nullable=False, server_default=text("0")),
+    # How it routes on (§14): its exchange-to-exchange bindings, plus 1 with an alternate
+    # exchange. Set at declare, kept by the same trigger (migration 0009); the plain route
+    # read returns it (storage.queries.LOAD_ROUTES).
+    Column("onward", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     CheckConstraint("type IN ('direct', 'fanout', 'topic', 'headers')", name="type"),
 )
@@ -126,14 +130,37 @@ bindings = Table(
     Column(
         "exchange_id", BigInteger, ForeignKey("exchanges.id", ondelete="CASCADE"), nullable=False
     ),
-    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), nullable=False),
+    # A binding leads to a queue or (contract §14) to another exchange: exactly one is set.
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), nullable=True),
     Column("routing_key", Text, nullable=False, server_default=text("''")),
     Column("arguments", JSONB, nullable=False, server_default=EMPTY_OBJECT),
     _ts("created_at"),
+    Column(
+        "destination_exchange_id",
+        BigInteger,
+        ForeignKey("exchanges.id", ondelete="CASCADE"),
+        nullable=True,
+    ),
     # Bindings that differ only in arguments are distinct (contract §6).
     UniqueConstraint("exchange_id", "queue_id", "routing_key", "arguments"),
+    CheckConstraint(
+        "(queue_id IS NULL) <> (destination_exchange_id IS NULL)", name="one_destination"
+    ),
 )
 Index(None, bindings.c.queue_id)
+_E2E = text("destination_exchange_id IS NOT NULL")
+# Exchange-to-exchange bindings (migration 0009): identical ones are one; the publish's graph
+# walk probes it by exchange_id without reading queue bindings.
+Index(
+    "uq_bindings_exchange_to_exchange",
+    bindings.c.exchange_id,
+    bindings.c.destination_exchange_id,
+    bindings.c.routing_key,
+    bindings.c.arguments,
+    unique=True,
+    postgresql_where=_E2E,
+)
+Index(None, bindings.c.destination_exchange_id, postgresql_where=_E2E)
 
 messages = Table(
     "messages",

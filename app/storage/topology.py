@@ -46,6 +46,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.arguments import ALTERNATE_EXCHANGE
 from app.domain.model import (
     Binding,
     Exchange,
@@ -128,6 +129,8 @@ async def declare_exchange(conn: AsyncConnection, exchange: Exchange) -> Declare
             durable=exchange.durable,
             auto_delete=exchange.auto_delete,
             arguments=exchange.arguments,
+            # routes on (§14); its bindings to other exchanges add to it (the trigger, 0009)
+            onward=int(ALTERNATE_EXCHANGE in exchange.arguments),
         )
         .on_conflict_do_nothing(constraint="uq_exchanges_name")
         .returning(*_EXCHANGE_COLUMNS)
@@ -172,16 +175,34 @@ async def list_exchanges(conn: AsyncConnection, *, after: str | None, limit: int
     return [_exchange(row) for row in await conn.execute(stmt)]
 
 
-async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) -> None:
-    """Delete an exchange and (by cascade) its bindings. Raises NotFound / PreconditionFailed.
+async def exchange_exists(conn: AsyncConnection, name: str) -> bool:
+    return bool((await conn.execute(select(exists().where(_ex.c.name == name)))).scalar())
 
-    The row is locked FOR UPDATE before ``if_unused`` is checked: a concurrent binding insert
-    holds (or waits for) FOR KEY SHARE on it, so it either committed before our check or fails
-    its foreign key after our delete — never bound to a deleted exchange.
+
+async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) -> list[str]:
+    """Delete an exchange and (by cascade) the bindings it is source or destination of (§14),
+    then the auto-delete exchanges that lost their last binding so; returns their names.
+    Raises NotFound / PreconditionFailed.
+
+    One statement locks FOR UPDATE, in id order, the exchange and every exchange with a
+    binding to it (the cascade's trigger bumps their routing_version, and the auto-delete
+    ones may go with it): two exchanges bound to each other and deleted at once lock in the
+    same order, so they cannot deadlock. ``if_unused`` is checked after the lock: a
+    concurrent binding insert holds (or waits for) FOR KEY SHARE on the exchange, so it
+    either committed before our check or fails its foreign key after our delete — never
+    bound to a deleted exchange.
     """
-    exchange_id = (
-        await conn.execute(select(_ex.c.id).where(_ex.c.name == name).with_for_update())
-    ).scalar()
+    target = select(_ex.c.id).where(_ex.c.name == name).scalar_subquery()
+    sources = select(_b.c.exchange_id).where(_b.c.destination_exchange_id == target)
+    locked = (
+        await conn.execute(
+            select(_ex.c.id, _ex.c.name, _ex.c.auto_delete)
+            .where((_ex.c.name == name) | _ex.c.id.in_(sources))
+            .order_by(_ex.c.id)
+            .with_for_update()
+        )
+    ).all()
+    exchange_id = next((row.id for row in locked if row.name == name), None)
     if exchange_id is None:
         raise NotFound(f"exchange '{name}' not found")
     # Declares naming it as dead-letter exchange hold FOR KEY SHARE on its row (see
@@ -192,12 +213,18 @@ async def delete_exchange(conn: AsyncConnection, name: str, *, if_unused: bool) 
             f"exchange '{name}' is the dead-letter exchange of: {', '.join(referring)}"
         )
     if if_unused:
-        used = (
-            await conn.execute(select(exists().where(_b.c.exchange_id == exchange_id)))
-        ).scalar()
+        either_end = (_b.c.exchange_id == exchange_id) | (
+            _b.c.destination_exchange_id == exchange_id
+        )
+        used = (await conn.execute(select(exists().where(either_end)))).scalar()
         if used:
-            raise PreconditionFailed(f"exchange '{name}' is in use (it has bindings)")
+            raise PreconditionFailed(
+                f"exchange '{name}' is in use (it is the source or destination of bindings)"
+            )
     await conn.execute(delete(_ex).where(_ex.c.id == exchange_id))
+    return await _delete_unused_auto_delete_exchanges(
+        conn, [row.id for row in locked if row.auto_delete and row.id != exchange_id]
+    )
 
 
 _DEAD_LETTERING_TO = text("""
@@ -558,14 +585,20 @@ async def purge_queue(conn: AsyncConnection, name: str) -> int:
 
 # --------------------------------------------------------------------------- bindings
 
+_dex = tables.exchanges.alias("destination_exchange")
 _BINDING_COLUMNS = (
     _b.c.id,
     _ex.c.name.label("exchange"),
     _q.c.name.label("queue"),
     _b.c.routing_key,
     _b.c.arguments,
+    _dex.c.name.label("destination_exchange"),
 )
-_BINDING_FROM = _b.join(_ex, _ex.c.id == _b.c.exchange_id).join(_q, _q.c.id == _b.c.queue_id)
+_BINDING_FROM = (
+    _b.join(_ex, _ex.c.id == _b.c.exchange_id)
+    .outerjoin(_q, _q.c.id == _b.c.queue_id)
+    .outerjoin(_dex, _dex.c.id == _b.c.destination_exchange_id)
+)
 
 
 def _binding(row: Any) -> Binding:
@@ -575,6 +608,7 @@ def _binding(row: Any) -> Binding:
         queue=row.queue,
         routing_key=row.routing_key,
         arguments=row.arguments,
+        destination_exchange=row.destination_exchange,
     )
 
 
@@ -664,14 +698,22 @@ async def create_binding(
         "routing_key": routing_key,
         "arguments": arguments,
     }
+    return await _insert_or_find(conn, _INSERT_BINDING, _FIND_BINDING, values)
+
+
+async def _insert_or_find(
+    conn: AsyncConnection, insert: Any, find: Any, values: dict[str, Any]
+) -> tuple[int, bool]:
+    """``insert`` (ON CONFLICT DO NOTHING RETURNING id), else ``find`` the identical row:
+    (id, whether inserted)."""
     for _ in range(_DECLARE_ATTEMPTS):
         try:
-            new_id = (await conn.execute(_INSERT_BINDING, values)).scalar()
+            new_id = (await conn.execute(insert, values)).scalar()
         except DBAPIError as exc:
             raise (_too_large(exc) or exc) from None
         if new_id is not None:
             return int(new_id), True
-        old_id = (await conn.execute(_FIND_BINDING, values)).scalar()
+        old_id = (await conn.execute(find, values)).scalar()
         if old_id is not None:
             return int(old_id), False
         # The identical binding was deleted between our two statements: try again.
@@ -748,6 +790,70 @@ async def bind(
     raise PreconditionFailed("the binding is being created and deleted concurrently")
 
 
+#: Both exchanges of a new exchange-to-exchange binding locked FOR KEY SHARE in ONE
+#: statement (the destination first, as a queue binding locks its queue first), with the
+#: source's type (immutable) for checking the arguments.
+_LOCK_E2E_ENDS = select(
+    _key_share(select(_ex.c.id).where(_ex.c.name == bindparam("destination"))).label(
+        "destination_id"
+    ),
+    _key_share(select(_ex.c.id).where(_ex.c.name == bindparam("exchange"))).label("exchange_id"),
+    select(_ex.c.type)
+    .where(_ex.c.name == bindparam("exchange"))
+    .scalar_subquery()
+    .label("exchange_type"),
+)
+_E2E_WHERE = _b.c.destination_exchange_id.isnot(None)
+_INSERT_E2E = (
+    pg_insert(_b)
+    .on_conflict_do_nothing(
+        index_elements=["exchange_id", "destination_exchange_id", "routing_key", "arguments"],
+        index_where=_E2E_WHERE,
+    )
+    .returning(_b.c.id)
+)
+_FIND_E2E = select(_b.c.id).where(
+    _b.c.exchange_id == bindparam("exchange_id"),
+    _b.c.destination_exchange_id == bindparam("destination_exchange_id"),
+    _b.c.routing_key == bindparam("routing_key"),
+    _b.c.arguments == cast(bindparam("arguments", type_=JSONB), JSONB),
+)
+
+
+async def lock_exchange_binding_ends(
+    conn: AsyncConnection, exchange: str, destination: str
+) -> tuple[int, int, ExchangeType]:
+    """Lock the destination, then the source exchange, FOR KEY SHARE: (source id, destination
+    id, source type). Raises NotFound (the source is reported first)."""
+    row = (
+        await conn.execute(_LOCK_E2E_ENDS, {"exchange": exchange, "destination": destination})
+    ).one()
+    if row.exchange_id is None:
+        raise NotFound(f"exchange '{exchange}' not found")
+    if row.destination_id is None:
+        raise NotFound(f"destination exchange '{destination}' not found")
+    return row.exchange_id, row.destination_id, ExchangeType(row.exchange_type)
+
+
+async def create_exchange_binding(
+    conn: AsyncConnection,
+    exchange_id: int,
+    destination_id: int,
+    *,
+    routing_key: str,
+    arguments: dict[str, Any],
+) -> tuple[int, bool]:
+    """Insert the exchange-to-exchange binding unless an identical one exists: its id, and
+    whether it is new (as ``create_binding``, on the partial unique index of e2e rows)."""
+    values = {
+        "exchange_id": exchange_id,
+        "destination_exchange_id": destination_id,
+        "routing_key": routing_key,
+        "arguments": arguments,
+    }
+    return await _insert_or_find(conn, _INSERT_E2E, _FIND_E2E, values)
+
+
 async def get_binding(conn: AsyncConnection, binding_id: int) -> Binding | None:
     stmt = select(*_BINDING_COLUMNS).select_from(_BINDING_FROM).where(_b.c.id == binding_id)
     row = (await conn.execute(stmt)).first()
@@ -761,6 +867,7 @@ async def list_bindings(
     limit: int,
     exchange: str | None = None,
     queue: str | None = None,
+    destination_exchange: str | None = None,
 ) -> list[Binding]:
     """Up to ``limit`` bindings with an id above ``after``, by id; optionally filtered."""
     stmt = select(*_BINDING_COLUMNS).select_from(_BINDING_FROM).order_by(_b.c.id).limit(limit)
@@ -770,6 +877,8 @@ async def list_bindings(
         stmt = stmt.where(_ex.c.name == exchange)
     if queue is not None:
         stmt = stmt.where(_q.c.name == queue)
+    if destination_exchange is not None:
+        stmt = stmt.where(_dex.c.name == destination_exchange)
     return [_binding(row) for row in await conn.execute(stmt)]
 
 

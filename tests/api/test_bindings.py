@@ -76,6 +76,7 @@ def test_create_defaults_and_idempotence(admin: httpx.Client) -> None:
         "id": first["id"],
         "exchange": "ex",
         "queue": "q",
+        "destination_exchange": None,
         "routing_key": "",
         "arguments": {},
     }
@@ -182,6 +183,7 @@ def test_list_by_id_with_filters_and_pagination(admin: httpx.Client) -> None:
         "id": ids[0],
         "exchange": "e1",
         "queue": "q1",
+        "destination_exchange": None,
         "routing_key": "a",
         "arguments": {},
     }

@@ -123,14 +123,20 @@ def test_an_exchange_deleted_and_declared_again_on_b_routes_anew_on_a(
     assert routed(a, x, "a.c") == []
 
 
+@pytest.mark.parametrize("through", [False, True], ids=["direct", "through-e2e"])
 def test_binding_changes_racing_publishes_are_obeyed_on_every_process(
-    pair: tuple[httpx.Client, httpx.Client],
+    pair: tuple[httpx.Client, httpx.Client], through: bool
 ) -> None:
     """While A publishes to the exchange without pause (its copy always warm) and B churns
     other bindings of it and deletes bound queues, every binding that B's 201/204 answered
-    before a publish on A began is obeyed by that publish, and no publish fails."""
+    before a publish on A began is obeyed by that publish, and no publish fails. With
+    ``through``, A publishes to another exchange bound to it (§14)."""
     a, b = pair
     x = exchange(b, "topic")
+    entry = x
+    if through:
+        entry = exchange(b, "fanout")
+        ok(b.post("/bindings", json={"exchange": entry, "destination_exchange": x}))
     steady = queue(b)
     bind(b, x, steady, "s.#")
     stop = threading.Event()
@@ -142,7 +148,7 @@ def test_binding_changes_racing_publishes_are_obeyed_on_every_process(
         with _another(a) as rest:
             while not stop.is_set():
                 r = rest.post(
-                    f"/exchanges/{x}/publish-batch",
+                    f"/exchanges/{entry}/publish-batch",
                     json={"messages": [{"routing_key": "s.t", "body": i} for i in range(5)]},
                 )
                 publishes += 1
@@ -167,9 +173,9 @@ def test_binding_changes_racing_publishes_are_obeyed_on_every_process(
         for i in range(25):
             q = queue(b)
             binding = bind(b, x, q, f"r.{i}.*")
-            assert q in routed(a, x, f"r.{i}.z"), i
+            assert q in routed(a, entry, f"r.{i}.z"), i
             ok(b.delete(f"/bindings/{binding}"))
-            assert q not in routed(a, x, f"r.{i}.z"), i
+            assert q not in routed(a, entry, f"r.{i}.z"), i
             ok(b.delete(f"/queues/{q}"))
             if i % 5 == 0:
                 assert not failures, failures[:3]
@@ -179,3 +185,106 @@ def test_binding_changes_racing_publishes_are_obeyed_on_every_process(
             thread.join(timeout=10)
     assert not failures, failures[:3]
     assert publishes > 25  # the publishes really raced the changes
+
+
+# --------------------------------------------------------------------------- §14: the graph
+
+
+def link(rest: httpx.Client, source: str, destination: str, key: str = "") -> int:
+    body = {"exchange": source, "destination_exchange": destination, "routing_key": key}
+    binding_id: int = ok(rest.post("/bindings", json=body))["id"]
+    return binding_id
+
+
+def test_changes_downstream_of_an_exchange_binding_are_obeyed_on_the_other_process(
+    pair: tuple[httpx.Client, httpx.Client],
+) -> None:
+    """A's copy of the source exchange stays current while B changes what lies beyond it:
+    the bindings of a downstream exchange, a new exchange binding, a deleted one, and a
+    deleted downstream exchange."""
+    a, b = pair
+    x, y = exchange(b, "direct"), exchange(b, "topic")
+    first, second, third = queue(b), queue(b), queue(b)
+    link(b, x, y, "k.1")
+    bind(b, y, first, "k.*")
+    for _ in range(3):  # warm A's copies of x and y
+        assert routed(a, x, "k.1") == [first]
+    created = bind(b, y, second, "#")  # a downstream queue binding
+    assert routed(a, x, "k.1") == [first, second]
+    ok(b.delete(f"/bindings/{created}"))
+    assert routed(a, x, "k.1") == [first]
+    z = exchange(b, "fanout")  # a new edge, to an exchange A never saw
+    bind(b, z, third)
+    edge = link(b, y, z, "k.1")
+    assert routed(a, x, "k.1") == [first, third]
+    ok(b.delete(f"/bindings/{edge}"))
+    assert routed(a, x, "k.1") == [first]
+    link(b, y, z, "#")
+    assert routed(a, x, "k.1") == [first, third]
+    ok(b.delete(f"/exchanges/{z}"))  # its bindings, both sides, go with it
+    assert routed(a, x, "k.1") == [first]
+    ok(b.delete(f"/exchanges/{y}"))
+    assert routed(a, x, "k.1") == []
+
+
+def test_a_plain_exchange_that_gains_an_edge_on_b_routes_through_it_on_a(
+    pair: tuple[httpx.Client, httpx.Client],
+) -> None:
+    a, b = pair
+    x, y = exchange(b, "fanout"), exchange(b, "fanout")
+    own, beyond = queue(b), queue(b)
+    bind(b, x, own)
+    bind(b, y, beyond)
+    for _ in range(3):  # A compiles x as a plain exchange
+        assert routed(a, x) == [own]
+    edge = link(b, x, y)
+    assert routed(a, x) == [own, beyond]
+    ok(b.delete(f"/bindings/{edge}"))
+    assert routed(a, x) == [own]
+
+
+def test_alternate_exchanges_changed_on_b_are_obeyed_on_a(
+    pair: tuple[httpx.Client, httpx.Client],
+) -> None:
+    a, b = pair
+    alternate = exchange(b, "fanout")
+    caught, again = queue(b), queue(b)
+    bind(b, alternate, caught)
+    x = exchange(b, "direct", arguments={"alternate-exchange": alternate})
+    for _ in range(3):
+        assert routed(a, x, "k") == [caught]
+    extra = bind(b, alternate, again)  # the alternate's own bindings change
+    assert routed(a, x, "k") == [caught, again]
+    ok(b.delete(f"/bindings/{extra}"))
+    assert routed(a, x, "k") == [caught]
+    bound = queue(b)
+    direct = bind(b, x, bound, "k")  # x now matches: no detour
+    assert routed(a, x, "k") == [bound]
+    ok(b.delete(f"/bindings/{direct}"))
+    assert routed(a, x, "k") == [caught]
+    ok(b.delete(f"/exchanges/{alternate}"))  # the alternate is missing now
+    assert routed(a, x, "k") == []
+    ok(b.put(f"/exchanges/{alternate}", json={"type": "direct"}))  # and back, by its name
+    bind(b, alternate, again, "k")
+    assert routed(a, x, "k") == [again]
+    assert routed(a, x, "j") == []
+
+
+def test_a_plain_exchange_declared_again_with_an_alternate_on_b_uses_it_on_a(
+    pair: tuple[httpx.Client, httpx.Client],
+) -> None:
+    a, b = pair
+    alternate = exchange(b, "fanout")
+    caught = queue(b)
+    bind(b, alternate, caught)
+    x = exchange(b, "direct")
+    for _ in range(3):  # A compiles x as a plain exchange
+        assert routed(a, x, "k") == []
+    ok(b.delete(f"/exchanges/{x}"))
+    ok(
+        b.put(
+            f"/exchanges/{x}",
+            json={"type": "direct", "arguments": {"alternate-exchange": alternate}},
+        )
+    )
+    assert routed(a, x, "k") == [caught]

@@ -431,3 +431,47 @@ def test_an_auto_delete_exchange_named_as_dead_letter_exchange_stays(adm: httpx.
     # its last binding goes with the queue: an auto-delete exchange would go too, but q names it
     assert adm.delete(f"/queues/{bound}").status_code == 204
     assert adm.get(f"/exchanges/{dlx}").status_code == 200
+
+
+def test_dead_lettering_routes_on_through_exchange_bindings_and_alternates(
+    adm: httpx.Client,
+) -> None:
+    """A dead-letter exchange routes with full routing (§13 via §14): on through an
+    exchange-to-exchange binding, and through an alternate exchange when it matches nothing."""
+    first, onward, fallback = fresh("dlx"), fresh("dlx"), fresh("alt")
+    via_binding, via_alternate, q = fresh("dead"), fresh("dead"), fresh()
+    declare_exchange(adm, fallback, "fanout")
+    r = adm.put(
+        f"/exchanges/{first}",
+        json={"type": "direct", "arguments": {"alternate-exchange": fallback}},
+    )
+    assert r.status_code == 201, r.text
+    declare_exchange(adm, onward, "fanout")
+    declare_queue(adm, via_binding)
+    declare_queue(adm, via_alternate)
+    bind(adm, onward, via_binding)
+    bind(adm, fallback, via_alternate)
+    r = adm.post(
+        "/bindings",
+        json={"exchange": first, "destination_exchange": onward, "routing_key": "to-onward"},
+    )
+    assert r.status_code == 201, r.text
+    other = fresh()
+    for queue, key in ((q, "to-onward"), (other, "nothing-matches")):
+        arguments = {"x-dead-letter-exchange": first, "x-dead-letter-routing-key": key}
+        declare_queue(adm, queue, arguments=arguments)
+    publish(adm, q, "on", properties={"expiration": "0"})
+    publish(adm, other, "alt", properties={"expiration": "0"})
+    wait_for(
+        lambda: (
+            [m["body"] for m in browse(adm, via_binding)] == ["on"]
+            and [m["body"] for m in browse(adm, via_alternate)] == ["alt"]
+        ),
+        5,
+        message="dead-lettered through the exchange graph",
+    )
+    for queue, source in ((via_binding, q), (via_alternate, other)):
+        [dead] = browse(adm, queue)
+        assert dead["headers"]["x-death"][0]["reason"] == "expired"
+        assert dead["headers"]["x-death"][0]["queue"] == source
+    assert browse(adm, q) == browse(adm, other) == []

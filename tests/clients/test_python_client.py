@@ -255,3 +255,36 @@ async def test_close_ends_iteration(mx: Client, rest: httpx.AsyncClient) -> None
     await mx.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiting, TIMEOUT)
+
+
+async def test_topology_binds_exchanges_and_names_an_alternate(
+    mx: Client, rest: httpx.AsyncClient
+) -> None:
+    """§14 through the client: an exchange-to-exchange binding and an alternate exchange."""
+    from messagex_client import Binding
+
+    top = mx.topology
+    assert top.root.endswith("/api/v1")
+    caught = await queue(rest, "topo-caught")
+    reached = await queue(rest, "topo-reached")
+    await top.declare_exchange("topo-alt", "fanout")
+    await top.bind("topo-alt", queue=caught)
+    made = await top.declare_exchange("topo-main", "direct", alternate_exchange="topo-alt")
+    assert made["arguments"] == {"alternate-exchange": "topo-alt"}
+    await top.declare_exchange("topo-down", "topic")
+    await top.bind("topo-down", queue=reached, routing_key="a.*")
+    link = await top.bind("topo-main", destination_exchange="topo-down", routing_key="a.b")
+    assert link == Binding(link.id, "topo-main", None, "topo-down", "a.b", {})
+    assert await top.bindings(destination_exchange="topo-down") == [link]
+    assert (await mx.publish("topo-main", 1, routing_key="a.b")).queues == [reached]
+    result = await mx.publish("topo-main", 2, routing_key="other", mandatory=True)
+    assert (result.routed, result.queues) == (True, [caught])
+    with pytest.raises(NotFound):
+        await top.declare_exchange("topo-bad", "direct", alternate_exchange="topo-missing")
+    with pytest.raises(ValueError, match="exactly one"):
+        await top.bind("topo-main")
+    await top.unbind(link.id)
+    assert await top.bindings(destination_exchange="topo-down") == []
+    await top.delete_exchange("topo-down", if_unused=False)
+    with pytest.raises(NotFound):
+        await top.delete_exchange("topo-down")

@@ -405,12 +405,9 @@ async def test_each_hot_path_pool_has_its_planner_settings(database_url: str) ->
         await hot.close()
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection, mode: str) -> None:
-    """The publish's route read returns the bindings only of exchanges whose routing version
-    differs from the caller's compiled copy: with the copy current, the bindings of an
-    exchange with many are not read at all (a one-time filter), however it is planned."""
-    exchange_id = await conn.fetchval(
+async def _wide_exchange(conn: asyncpg.Connection) -> int:
+    """A topic exchange 'wide' with 20,000 bindings to the queue 'busy': its id."""
+    exchange_id: int = await conn.fetchval(
         "INSERT INTO exchanges (name, type) VALUES ('wide', 'topic') RETURNING id"
     )
     queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
@@ -422,6 +419,15 @@ async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection,
         exchange_id,
         queue_id,
     )
+    return exchange_id
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection, mode: str) -> None:
+    """The publish's route read returns the bindings only of exchanges whose routing version
+    differs from the caller's compiled copy: with the copy current, the bindings of an
+    exchange with many are not read at all (a one-time filter), however it is planned."""
+    exchange_id = await _wide_exchange(conn)
     await conn.execute("ANALYZE bindings")
     version = await conn.fetchval(
         "SELECT routing_version FROM exchanges WHERE id = $1", exchange_id
@@ -441,6 +447,59 @@ async def test_a_current_routing_copy_reads_no_binding(conn: asyncpg.Connection,
         assert reads, plan
         if params is current:
             assert all(n["Actual Loops"] == 0 for n in reads), reads
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_route_graph_read_probes_only_exchange_bindings(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """The §14 read (LOAD_ROUTE_GRAPH) walks exchange-to-exchange bindings through their
+    partial index: an exchange of 20,000 queue bindings with an e2e binding and an alternate
+    costs the walk a few index probes, and with the copies current no queue binding is read."""
+    wide = await _wide_exchange(conn)
+    narrow = await conn.fetchval(
+        "INSERT INTO exchanges (name, type) VALUES ('narrow', 'fanout') RETURNING id"
+    )
+    alternate = await conn.fetchval(
+        "INSERT INTO exchanges (name, type, arguments) VALUES "
+        "('alt', 'fanout', '{\"alternate-exchange\": \"wide\"}') RETURNING id"
+    )
+    await conn.execute(
+        "INSERT INTO bindings (exchange_id, destination_exchange_id) VALUES ($1, $2)", wide, narrow
+    )
+    await conn.execute(
+        "INSERT INTO bindings (exchange_id, destination_exchange_id) VALUES ($1, $2)",
+        narrow,
+        alternate,
+    )
+    await conn.execute("ANALYZE bindings")
+    rows = await conn.fetch(
+        "SELECT name, id, routing_version FROM exchanges WHERE id = ANY($1)",
+        [wide, narrow, alternate],
+    )
+    current = {
+        "roots": ["wide"],
+        "names": [r["name"] for r in rows],
+        "known_ids": [r["id"] for r in rows],
+        "known_versions": [r["routing_version"] for r in rows],
+    }
+    statement = queries.LOAD_ROUTE_GRAPH
+    await conn.execute(f"SET plan_cache_mode = {mode}")
+    raw = await conn.fetchval(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql, *statement.args(current)
+    )
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    plan = document[0]["Plan"]
+    assert plan["Actual Rows"] == 3, plan  # one row per reached exchange, no binding
+    reads = [n for n in _nodes(plan) if n.get("Relation Name") == "bindings"]
+    assert reads, plan
+    for node in reads:
+        if node["Actual Loops"]:
+            assert node["Actual Rows"] <= 1, node
+            assert node.get("Rows Removed by Filter", 0) == 0, node
+            assert node.get("Rows Removed by Index Recheck", 0) == 0, node
+    indexes = {n.get("Index Name") for n in _nodes(plan) if n.get("Actual Loops")}
+    assert "uq_bindings_exchange_to_exchange" in indexes, plan
 
 
 def _compiled(statement: Any) -> str:

@@ -306,3 +306,108 @@ async def test_a_bind_locks_its_exchange_for_its_update_up_front(
                 )
         finally:
             await other.close()
+
+
+async def test_exchanges_onward_counts_e2e_bindings_exactly_under_concurrency(
+    database_url: str,
+) -> None:
+    """exchanges.onward (migration 0009) = e2e bindings from it (+1 with an alternate), kept
+    by the bindings trigger from the statement's own rows: multi-row statements, cascades,
+    and a queue bind whose trigger waits for an uncommitted e2e bind all leave it exact."""
+    import asyncpg
+
+    from app.storage.dsn import asyncpg_dsn
+
+    first = await asyncpg.connect(asyncpg_dsn(database_url))
+    second = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+
+        async def onward(name: str) -> int:
+            value: int = await first.fetchval("SELECT onward FROM exchanges WHERE name = $1", name)
+            return value
+
+        ids = {
+            name: await first.fetchval(
+                "INSERT INTO exchanges (name, type) VALUES ($1, 'fanout') RETURNING id", name
+            )
+            for name in ("o-x", "o-y", "o-z")
+        }
+        q = await first.fetchval("INSERT INTO queues (name) VALUES ('o-q') RETURNING id")
+        x, y, z = ids["o-x"], ids["o-y"], ids["o-z"]
+        await first.execute(
+            "INSERT INTO bindings (exchange_id, destination_exchange_id, routing_key) "
+            "VALUES ($1, $2, 'a'), ($1, $2, 'b'), ($1, $3, ''), ($2, $3, '')",
+            x,
+            y,
+            z,
+        )
+        assert [await onward(n) for n in ("o-x", "o-y", "o-z")] == [3, 1, 0]
+        # A queue bind of x waits (in its trigger) for an uncommitted e2e bind of x.
+        tx = first.transaction()
+        await tx.start()
+        await first.execute(
+            "INSERT INTO bindings (exchange_id, destination_exchange_id, routing_key) "
+            "VALUES ($1, $2, 'c')",
+            x,
+            y,
+        )
+        waiting = asyncio.ensure_future(
+            second.execute("INSERT INTO bindings (exchange_id, queue_id) VALUES ($1, $2)", x, q)
+        )
+        pid = second.get_server_pid()
+
+        async def blocked() -> bool:
+            event = await first.fetchval(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return bool(event == "Lock")
+
+        await async_wait_for(blocked, timeout=10)  # the second statement waits on x's row
+        assert not waiting.done()
+        await tx.commit()
+        await waiting
+        assert await onward("o-x") == 4
+        await first.execute("DELETE FROM exchanges WHERE id = $1", z)  # cascade: x and y lose one
+        assert [await onward(n) for n in ("o-x", "o-y")] == [3, 0]
+        await first.execute(
+            "UPDATE bindings SET routing_key = 'd' WHERE exchange_id = $1 AND routing_key = 'a'", x
+        )
+        assert await onward("o-x") == 3
+        await first.execute("DELETE FROM bindings WHERE exchange_id = $1", x)
+        assert await onward("o-x") == 0
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_the_routers_one_entry_point_routes_one_message_through_the_graph(
+    db: Database, topology: TopologyService
+) -> None:
+    """RoutingCache.route (what dead-lettering through an exchange calls): one message, one
+    read, through e2e bindings and alternates; queue ids with the names; None when missing."""
+    from app.broker.routing_cache import RoutingCache
+
+    admin = User("admin", Role.ADMIN, Permissions())
+    for name, kind, arguments in (
+        ("r-alt", ExchangeType.FANOUT, {}),
+        ("r-down", ExchangeType.TOPIC, {}),
+        ("r-main", ExchangeType.DIRECT, {"alternate-exchange": "r-alt"}),
+    ):
+        await topology.declare_exchange(admin, Exchange(name, kind, arguments=arguments))
+    for queue in ("r-q1", "r-q2"):
+        await topology.declare_queue(admin, Queue(queue))
+    await topology.create_binding(admin, exchange="r-alt", queue="r-q1")
+    await topology.create_binding(admin, exchange="r-down", queue="r-q2", routing_key="a.*")
+    await topology.create_binding(
+        admin, exchange="r-main", destination_exchange="r-down", routing_key="a.b"
+    )
+    cache = RoutingCache()
+    through = await cache.route(db.hot, "r-main", "a.b", {})
+    caught = await cache.route(db.hot, "r-main", "z", {})
+    assert through is not None
+    assert list(through) == ["r-q2"]
+    assert caught is not None
+    assert list(caught) == ["r-q1"]
+    assert through["r-q2"] != caught["r-q1"]
+    assert await cache.route(db.hot, "r-missing", "k", {}) is None
+    assert await cache.route(db.hot, "r-down", "a.c", {}) == through

@@ -161,3 +161,52 @@ def test_username_and_password_work_too(blank: Page, rest: httpx.Client) -> None
         {"username": ADMIN_USER, "password": ADMIN_PASSWORD, "q": q},
     )
     assert result == {"user": ADMIN_USER, "routed": True, "state": "closed"}
+
+
+def test_exchange_bindings_and_alternates_through_the_client(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    """§14 from the browser client: declareExchange with alternateExchange, bind to an
+    exchange, bindings() by destination, a mandatory publish caught by the alternate."""
+    caught = queue(rest, "bc-caught")
+    reached = queue(rest, "bc-reached")
+    result = blank.evaluate(
+        """
+        async ({ token, caught, reached }) => {
+          const { Client } = await import('/static/messagex.js');
+          const mx = new Client({ token });
+          await mx.connect();
+          await mx.declareExchange('bc-alt', { type: 'fanout' });
+          await mx.bind({ exchange: 'bc-alt', queue: caught });
+          const main = await mx.declareExchange(
+            'bc-main', { type: 'direct', alternateExchange: 'bc-alt' });
+          await mx.declareExchange('bc-down', { type: 'fanout' });
+          await mx.bind({ exchange: 'bc-down', queue: reached });
+          const link = await mx.bind(
+            { exchange: 'bc-main', destination_exchange: 'bc-down', routing_key: 'k' });
+          const listed = await mx.bindings({ destination_exchange: 'bc-down' });
+          const viaLink = await mx.publish({ exchange: 'bc-main', routing_key: 'k', body: 1 });
+          const viaAlt = await mx.publish(
+            { exchange: 'bc-main', routing_key: 'z', body: 2, mandatory: true });
+          let missing = null;
+          try {
+            await mx.declareExchange('bc-bad', { type: 'direct', alternateExchange: 'bc-none' });
+          } catch (e) { missing = e.code; }
+          await mx.unbind(link.id);
+          const after = await mx.bindings({ destination_exchange: 'bc-down' });
+          mx.close();
+          return { args: main.arguments, link, listed: listed.map((b) => b.id),
+                   viaLink: viaLink.queues,
+                   viaAlt: viaAlt.queues, missing, after: after.length };
+        }
+        """,
+        {"token": token, "caught": caught, "reached": reached},
+    )
+    assert result["args"] == {"alternate-exchange": "bc-alt"}
+    assert result["link"]["queue"] is None
+    assert result["link"]["destination_exchange"] == "bc-down"
+    assert result["listed"] == [result["link"]["id"]]
+    assert result["viaLink"] == [reached]
+    assert result["viaAlt"] == [caught]
+    assert result["missing"] == "not_found"
+    assert result["after"] == 0

@@ -345,3 +345,40 @@ def test_lifecycle_arguments_from_the_form_and_a_copys_expiry_on_the_queue_page(
     )
     expires = message.locator("div", has=page.get_by_text("Expires", exact=True))
     expect(expires.locator("dd")).to_have_text(shown)
+
+
+def test_exchange_page_shows_its_alternate_and_exchange_bindings_both_ways(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    """§14 in the UI: the declare form's alternate-exchange field, the exchange page's
+    alternate, a binding to another exchange made from the form, seen from both ends."""
+    assert rest.put("/exchanges/ui-alt", json={"type": "fanout"}).status_code == 201
+    assert rest.put("/exchanges/ui-down", json={"type": "fanout"}).status_code == 201
+    log_in(page, ui_server)
+    go(page, "Exchanges")
+    page.get_by_label("Name", exact=True).fill("ui-main")
+    page.get_by_label("Type").select_option("direct")
+    page.get_by_label("Alternate exchange (alternate-exchange)").fill("ui-alt")
+    page.get_by_role("button", name="Declare exchange").click()
+    expect(page.get_by_text("Exchange ui-main declared")).to_be_visible()
+    assert rest.get("/exchanges/ui-main").json()["arguments"] == {"alternate-exchange": "ui-alt"}
+    page.get_by_role("link", name="ui-main", exact=True).click()
+    expect(page.get_by_role("link", name="ui-alt", exact=True)).to_be_visible()
+    page.get_by_label("Bind to").select_option("exchange")
+    page.get_by_label("Destination exchange", exact=True).fill("ui-down")
+    page.get_by_label("Routing key").fill("k")
+    page.get_by_role("button", name="Bind").click()
+    expect(
+        page.get_by_role("table", name="Bindings", exact=True).get_by_role("link", name="ui-down")
+    ).to_be_visible()
+    listed = rest.get("/bindings", params={"destination_exchange": "ui-down"}).json()["items"]
+    assert [(b["exchange"], b["queue"], b["routing_key"]) for b in listed] == [
+        ("ui-main", None, "k")
+    ]
+    page.get_by_role("link", name="ui-down", exact=True).click()
+    expect(
+        page.get_by_role("table", name="Bindings to this exchange").get_by_role(
+            "link", name="ui-main"
+        )
+    ).to_be_visible()
+    expect(page.get_by_text("No bindings.")).to_be_visible()  # none from ui-down itself

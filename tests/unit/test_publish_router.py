@@ -36,7 +36,7 @@ def router(
     rules = [BindingRule(queue, key, arguments) for queue, key, arguments in bindings]
     compiled = Counting(kind, rules)
     routes = Routes(kind, RoutingVersion(1, 1), compiled, {}, len(rules))
-    return publisher._Router(routes), compiled.calls
+    return publisher._Router(routes), compiled.calls  # a leaf: routed by its own copy
 
 
 def message(key: str, **headers: Any) -> OutgoingMessage:

@@ -25,11 +25,14 @@ IdCursor = Annotated[
 @router.post(
     "/bindings",
     name="create_binding",
-    summary="Bind a queue to an exchange",
+    summary="Bind a queue, or another exchange, to an exchange",
     description=(
-        "201 when created, 200 with the existing binding when an identical one (same "
-        "exchange, queue, routing key and arguments) exists. Needs read on the exchange "
-        "and write on the queue."
+        "Give exactly one of `queue` and `destination_exchange` (else 422). 201 when "
+        "created, 200 with the existing binding when an identical one (same exchange, "
+        "destination, routing key and arguments) exists. Needs read on the exchange and "
+        "write on the queue or destination exchange. A message matching a binding to an "
+        "exchange is routed on through that exchange's bindings (each exchange once per "
+        "publish; a queue reached by several paths gets one copy)."
     ),
     response_model=BindingOut,
     status_code=status.HTTP_201_CREATED,
@@ -45,6 +48,7 @@ async def create_binding(
         user,
         exchange=body.exchange,
         queue=body.queue,
+        destination_exchange=body.destination_exchange,
         routing_key=body.routing_key,
         arguments=body.arguments,
     )
@@ -57,7 +61,9 @@ async def create_binding(
     "/bindings",
     name="list_bindings",
     summary="List bindings, by id",
-    description="Only bindings whose exchange or queue you have some permission on.",
+    description=(
+        "Only bindings whose exchange, queue or destination exchange you have some permission on."
+    ),
     response_model=Page[BindingOut],
     status_code=status.HTTP_200_OK,
     responses=problem_responses(401, 422, 429, 503),
@@ -67,11 +73,19 @@ async def list_bindings(
     user: UserDep,
     exchange: Annotated[Name | None, Query(description="Only bindings from this exchange")] = None,
     queue: Annotated[Name | None, Query(description="Only bindings to this queue")] = None,
+    destination_exchange: Annotated[
+        Name | None, Query(description="Only bindings to this exchange")
+    ] = None,
     limit: Limit = 100,
     after: IdCursor = None,
 ) -> Page[BindingOut]:
     page = await services.topology.list_bindings(
-        user, limit=limit, after=after, exchange=exchange, queue=queue
+        user,
+        limit=limit,
+        after=after,
+        exchange=exchange,
+        queue=queue,
+        destination_exchange=destination_exchange,
     )
     return Page(items=[BindingOut.of(b) for b in page.items], next_after=page.next_after)
 

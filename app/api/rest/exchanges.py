@@ -20,13 +20,16 @@ router = APIRouter(tags=["exchanges"])
     summary="Declare an exchange",
     description=(
         "201 when created, 200 when an identical exchange exists (compared after defaults), "
-        "409 when one exists with other properties. Names starting with `amq.` are reserved."
+        "409 when one exists with other properties. Names starting with `amq.` are reserved. "
+        '`arguments["alternate-exchange"]` names an existing exchange (404 if missing) '
+        "through which a message this exchange routes to no queue goes on (§14); naming "
+        "one needs read on this exchange and write on the alternate."
     ),
     response_model=ExchangeOut,
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": ExchangeOut, "description": "An identical exchange already exists"},
-        **problem_responses(400, 401, 403, 409, 422, 429, 503),
+        **problem_responses(400, 401, 403, 404, 409, 422, 429, 503),
     },
 )
 async def declare_exchange(
@@ -77,7 +80,12 @@ async def get_exchange(name: PathName, services: ServicesDep, user: UserDep) -> 
     "/exchanges/{name}",
     name="delete_exchange",
     summary="Delete an exchange and its bindings",
-    description="Built-in and `amq.` exchanges cannot be deleted (403).",
+    description=(
+        "Deletes the bindings it is source or destination of. Built-in and `amq.` "
+        "exchanges cannot be deleted (403). An exchange another names as its "
+        "`alternate-exchange` may be deleted: that exchange then has no alternate until "
+        "one of that name is declared again."
+    ),
     response_model=None,
     status_code=status.HTTP_204_NO_CONTENT,
     response_class=Response,
@@ -88,7 +96,8 @@ async def delete_exchange(
     services: ServicesDep,
     user: UserDep,
     if_unused: Annotated[
-        bool, Query(description="409 unless the exchange has no bindings")
+        bool,
+        Query(description="409 unless the exchange is neither source nor destination of a binding"),
     ] = False,
 ) -> Response:
     await services.topology.delete_exchange(user, name, if_unused=if_unused)

@@ -207,8 +207,14 @@ class Purged(BaseModel):
 
 
 class BindingCreate(StrictModel):
+    """Exactly one of ``queue`` and ``destination_exchange`` (else 422)."""
+
     exchange: Name
-    queue: Name
+    queue: Annotated[Name | None, Field(description="The queue bound to")] = None
+    destination_exchange: Annotated[
+        Name | None,
+        Field(description="The exchange bound to (an exchange-to-exchange binding, §14)"),
+    ] = None
     routing_key: RoutingKey = ""
     arguments: Arguments = Field(
         default_factory=dict, description='For a headers exchange: match values and "x-match"'
@@ -218,7 +224,10 @@ class BindingCreate(StrictModel):
 class BindingOut(BaseModel):
     id: int
     exchange: str
-    queue: str
+    queue: Annotated[str | None, Field(description="null for an exchange-to-exchange binding")]
+    destination_exchange: Annotated[
+        str | None, Field(description="The exchange bound to; null for a queue binding")
+    ]
     routing_key: str
     arguments: dict[str, Any]
 
@@ -228,6 +237,7 @@ class BindingOut(BaseModel):
             id=binding.id,
             exchange=binding.exchange,
             queue=binding.queue,
+            destination_exchange=binding.destination_exchange,
             routing_key=binding.routing_key,
             arguments=binding.arguments,
         )

@@ -30,9 +30,12 @@ from messagex_client.errors import (
     UnknownDeliveryTag,
     Unroutable,
 )
+from messagex_client.topology import ALTERNATE_EXCHANGE, Binding, Topology
 
 __all__ = [
+    "ALTERNATE_EXCHANGE",
     "AuthenticationError",
+    "Binding",
     "BrokerError",
     "Client",
     "ClientClosed",
@@ -46,6 +49,7 @@ __all__ = [
     "StaleDelivery",
     "Subscription",
     "SubscriptionCancelled",
+    "Topology",
     "UnknownDeliveryTag",
     "Unroutable",
     "websocket_url",

@@ -40,6 +40,7 @@ from messagex_client.errors import (
     UnknownDeliveryTag,
     error_from_frame,
 )
+from messagex_client.topology import Topology, rest_url
 
 log = logging.getLogger("messagex_client")
 
@@ -303,6 +304,8 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: how many times the connection was (re)established; 1 after connect()
         self.connections = 0
+        #: exchanges and bindings over REST (same broker, same credentials)
+        self.topology = Topology(rest_url(self.url), self._authorization, request_timeout)
 
     # -- public API ------------------------------------------------------------------------
 

@@ -1,0 +1,181 @@
+"""Exchanges and bindings over the broker's REST API (contract §4, §6, §14): declare an
+exchange (with its alternate exchange), bind a queue or another exchange, list and delete
+bindings. The standard library's HTTP client, run in a thread: no dependency beyond the
+WebSocket client's. Errors are the client's :class:`~messagex_client.errors.BrokerError`
+classes, by the problem's ``code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+from messagex_client.errors import BrokerError, error_from_frame
+
+ExchangeType = Literal["direct", "fanout", "topic", "headers"]
+
+#: The exchange argument naming its alternate exchange (RabbitMQ's name).
+ALTERNATE_EXCHANGE = "alternate-exchange"
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A binding from ``exchange`` to a queue or to another exchange (exactly one of
+    ``queue`` and ``destination_exchange`` is set)."""
+
+    id: int
+    exchange: str
+    queue: str | None
+    destination_exchange: str | None
+    routing_key: str
+    arguments: dict[str, Any]
+
+    @classmethod
+    def of(cls, item: dict[str, Any]) -> Binding:
+        return cls(
+            id=int(item["id"]),
+            exchange=item["exchange"],
+            queue=item.get("queue"),
+            destination_exchange=item.get("destination_exchange"),
+            routing_key=item["routing_key"],
+            arguments=item["arguments"],
+        )
+
+
+def rest_url(websocket: str) -> str:
+    """The REST root (``…/api/v1``) of the broker whose WebSocket URL is ``websocket``."""
+    parts = urlsplit(websocket)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    path = parts.path.removesuffix("/ws") or "/api/v1"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+class Topology:
+    """REST calls for exchanges and bindings; ``Client.topology`` is one."""
+
+    def __init__(self, root: str, authorization: str, timeout: float = 30.0) -> None:
+        if urlsplit(root).scheme not in ("http", "https"):
+            raise ValueError(f"not an http(s) URL: {root!r}")
+        self.root = root.rstrip("/")
+        self._authorization = authorization
+        self.timeout = timeout
+
+    async def declare_exchange(
+        self,
+        name: str,
+        type: ExchangeType,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        alternate_exchange: str | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``PUT /exchanges/{name}``: the exchange (created, or identical already).
+        ``alternate_exchange`` names an existing exchange that gets the messages this one
+        routes to no queue (``arguments["alternate-exchange"]``; NotFound when missing)."""
+        args = dict(arguments or {})
+        if alternate_exchange is not None:
+            args[ALTERNATE_EXCHANGE] = alternate_exchange
+        body = {"type": type, "durable": durable, "auto_delete": auto_delete, "arguments": args}
+        result: dict[str, Any] = await self._call("PUT", f"/exchanges/{quote(name, safe='')}", body)
+        return result
+
+    async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        """Delete an exchange and the bindings it is source or destination of."""
+        query = {"if_unused": "true"} if if_unused else {}
+        await self._call("DELETE", f"/exchanges/{quote(name, safe='')}", query=query)
+
+    async def bind(
+        self,
+        exchange: str,
+        *,
+        queue: str | None = None,
+        destination_exchange: str | None = None,
+        routing_key: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> Binding:
+        """Bind ``queue``, or ``destination_exchange`` (an exchange-to-exchange binding), to
+        ``exchange``: exactly one of the two."""
+        if (queue is None) == (destination_exchange is None):
+            raise ValueError("give exactly one of queue and destination_exchange")
+        body: dict[str, Any] = {
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "arguments": arguments or {},
+        }
+        if queue is not None:
+            body["queue"] = queue
+        else:
+            body["destination_exchange"] = destination_exchange
+        return Binding.of(await self._call("POST", "/bindings", body))
+
+    async def unbind(self, binding_id: int) -> None:
+        await self._call("DELETE", f"/bindings/{int(binding_id)}")
+
+    async def bindings(
+        self,
+        *,
+        exchange: str | None = None,
+        queue: str | None = None,
+        destination_exchange: str | None = None,
+    ) -> list[Binding]:
+        """Every binding matching the filters (all pages), by id."""
+        found: list[Binding] = []
+        after: int | None = None
+        while True:
+            query: dict[str, Any] = {"limit": 1000}
+            for key, value in (
+                ("exchange", exchange),
+                ("queue", queue),
+                ("destination_exchange", destination_exchange),
+                ("after", after),
+            ):
+                if value is not None:
+                    query[key] = value
+            page = await self._call("GET", "/bindings", query=query)
+            found.extend(Binding.of(item) for item in page["items"])
+            after = page["next_after"]
+            if after is None:
+                return found
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        query: dict[str, Any] | None = None,
+    ) -> Any:
+        url = self.root + path + (f"?{urlencode(query)}" if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": self._authorization, "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        # http(s) only: the root's scheme is checked in __init__
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310
+        return await asyncio.to_thread(self._send, request)
+
+    def _send(self, request: urllib.request.Request) -> Any:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise _problem(exc) from None
+        return json.loads(raw) if raw else None
+
+
+def _problem(exc: urllib.error.HTTPError) -> BrokerError:
+    try:
+        problem = json.loads(exc.read())
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    code = str(problem.get("code", f"http_{exc.code}"))
+    frame = {**problem, "code": code, "message": problem.get("detail", exc.reason)}
+    return error_from_frame(frame)
