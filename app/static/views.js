@@ -439,6 +439,19 @@ function bindingForm(ctx, fixed, reload) {
 
 // -- queues ----------------------------------------------------------------------------
 
+const SINGLE_ACTIVE = "x-single-active-consumer";
+
+/** On a single-active-consumer queue: of its consumers the oldest is the active one (or
+ * becomes it once its predecessor's deliveries are settled) and the others wait. */
+function singleActiveStats(q) {
+  if (q.arguments[SINGLE_ACTIVE] !== true) return [];
+  const n = q.stats.consumers;
+  return [
+    ["consumers-active", "Active consumer", Math.min(n, 1)],
+    ["consumers-waiting", "Waiting consumers", Math.max(n - 1, 0)],
+  ];
+}
+
 export function queuesView(main, _params, ctx) {
   const list = h("div");
   const pages = pager(() => refresh());
@@ -449,6 +462,7 @@ export function queuesView(main, _params, ctx) {
   const dlq = h("input", { name: "dead_letter_queue", autocomplete: "off" });
   const ackTimeout = h("input", { name: "ack_timeout_seconds", type: "number", min: 1, inputmode: "numeric" });
   const args = jsonInput("Arguments (JSON object)", "{}");
+  const singleActive = checkbox(`Single active consumer (${SINGLE_ACTIVE})`);
   const form = h(
     "form",
     { class: "card" },
@@ -457,12 +471,14 @@ export function queuesView(main, _params, ctx) {
     field("Maximum deliveries", maxDeliveries, "Empty: unlimited"),
     field("Dead-letter queue", dlq, "Empty: none; otherwise an existing queue"),
     field("Ack timeout (seconds)", ackTimeout, "Empty: the broker default"),
+    singleActive.el,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
   onSubmit(form, async () => {
     const argumentsValue = args.read({}, { object: true });
     if (argumentsValue === undefined) return;
+    if (singleActive.input.checked) argumentsValue[SINGLE_ACTIVE] = true;
     try {
       const r = await api("PUT", `/queues/${seg(name.value)}`, {
         body: {
@@ -565,6 +581,7 @@ export function queueView(main, params, ctx) {
       fill(stats, statList([
         ...STATUSES.map((s) => [s, STATUS_LABELS[s], q.stats[s]]),
         ["consumers", "Consumers", q.stats.consumers],
+        ...singleActiveStats(q),
       ], "queue-"));
       if (!loaded) {
         loaded = true;
@@ -573,6 +590,7 @@ export function queueView(main, params, ctx) {
           ["Maximum deliveries", q.max_delivery_count ?? "unlimited"],
           ["Dead-letter queue", q.dead_letter_queue ? link(q.dead_letter_queue, "queues", q.dead_letter_queue) : "none"],
           ["Ack timeout", q.ack_timeout_seconds === null ? "broker default" : `${q.ack_timeout_seconds} s`],
+          [`Single active consumer (${SINGLE_ACTIVE})`, yesNo(q.arguments[SINGLE_ACTIVE] === true)],
           ["Arguments", pre(json(q.arguments), "Arguments")],
         ]));
         await Promise.all([loadBindings(), browse.load()]);

@@ -12,6 +12,7 @@ from playwright.sync_api import Page, Route, expect
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
 from tests.ui.support import go, log_in, stat
+from tests.wsclient import WsClient
 
 
 def test_declare_bind_publish_browse_consume_ack(
@@ -279,3 +280,27 @@ def test_a_bad_password_shows_the_error_and_stays_on_login(
     assert page.evaluate("sessionStorage.getItem('messagex.token')") is None
     # A valid token still works afterwards (nothing global broke).
     assert login(ui_server.base_url, ADMIN_USER, ADMIN_PASSWORD)
+
+
+def test_single_active_consumer_from_the_form_to_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    """The declare form's x-single-active-consumer field, and the queue page's active and
+    waiting consumers (contract §13)."""
+    log_in(page, ui_server)
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-sac")
+    page.get_by_label("Single active consumer (x-single-active-consumer)").check()
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-sac declared")).to_be_visible()
+    assert rest.get("/queues/e2e-sac").json()["arguments"] == {"x-single-active-consumer": True}
+    with WsClient.admin(ui_server.ws_url) as a, WsClient.admin(ui_server.ws_url) as b:
+        assert a.subscribe("e2e-sac")["active"] is True
+        assert b.subscribe("e2e-sac")["active"] is False
+        page.get_by_role("link", name="e2e-sac", exact=True).click()
+        expect(page.get_by_role("heading", name="Queue e2e-sac")).to_be_visible()
+        expect(stat(page, "queue-consumers")).to_have_text("2")
+        expect(stat(page, "queue-consumers-active")).to_have_text("1")
+        expect(stat(page, "queue-consumers-waiting")).to_have_text("1")
+        settings = page.get_by_text("Single active consumer (x-single-active-consumer)")
+        expect(settings).to_be_visible()
