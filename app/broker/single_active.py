@@ -56,8 +56,8 @@ class SingleActive:
         self.dispatcher = dispatcher
         self.tasks = tasks
         self.tell_others = tell_others
-        #: local subscriptions that wait
-        self._waiting: set[Subscription] = set()
+        #: local subscriptions that wait, by queue
+        self._waiting: dict[int, set[Subscription]] = {}
         #: queues to check soon, and whether a task does
         self._due: set[int] = set()
         self._checking = False
@@ -70,12 +70,25 @@ class SingleActive:
     def added(self, sub: Subscription) -> None:
         """A local subscription was registered; it waits when ``sub.waiting``."""
         if sub.waiting:
-            self._waiting.add(sub)
+            self._wait(sub)
+
+    def _wait(self, sub: Subscription) -> None:
+        self._waiting.setdefault(sub.queue_id, set()).add(sub)
+
+    def _unwait(self, sub: Subscription) -> bool:
+        """Whether ``sub`` waited (it no longer does)."""
+        subs = self._waiting.get(sub.queue_id)
+        if subs is None or sub not in subs:
+            return False
+        subs.discard(sub)
+        if not subs:
+            del self._waiting[sub.queue_id]
+        return True
 
     def ended(self, sub: Subscription) -> None:
         """A local single-active subscription ended (UNSUBSCRIBE, close, cancel): the next
         oldest, here or elsewhere, may take over."""
-        self._waiting.discard(sub)
+        self._unwait(sub)
         sub.waiting = False
         if sub.unsettled:
             self._left.add(sub.queue_id)
@@ -98,14 +111,14 @@ class SingleActive:
             log.warning("a single-active subscription was taken over; it waits again")
             sub.active = False
             sub.waiting = True
-            self._waiting.add(sub)
+            self._wait(sub)
 
     # -- checks -----------------------------------------------------------------------------
 
     def watcher(self, queue_id: int) -> None:
         """The hub watcher of a single-active queue: check its waiting subscriptions, then
         what the dispatcher does for any queue."""
-        if any(s.queue_id == queue_id for s in self._waiting):
+        if queue_id in self._waiting:
             self.check_soon([queue_id])
         self.dispatcher.poke(queue_id)
 
@@ -128,12 +141,16 @@ class SingleActive:
         """The periodic check: every queue with a local waiting subscription (no statement
         when none waits)."""
         if self._waiting:
-            await self.promote({s.queue_id for s in self._waiting})
+            await self.promote(set(self._waiting))
 
     async def promote(self, queue_ids: set[int]) -> None:
         """Ask the database whether a local waiting subscription of these queues is now the
         active one; each that is gets SUBSCRIPTION_ACTIVE and its dispatcher is woken."""
-        candidates = [(s.queue_id, s.outlet.id) for s in self._waiting if s.queue_id in queue_ids]
+        candidates = [
+            (queue_id, sub.outlet.id)
+            for queue_id in queue_ids
+            for sub in self._waiting.get(queue_id, ())
+        ]
         if not candidates:
             return
         async with self.db.transaction() as conn:
@@ -141,9 +158,8 @@ class SingleActive:
         woken: set[int] = set()
         for queue_id, connection_id in promoted:
             sub = self.registry.get(connection_id, queue_id)
-            if sub is None or sub not in self._waiting:
+            if sub is None or not self._unwait(sub):
                 continue  # ended meanwhile
-            self._waiting.discard(sub)
             sub.waiting = False
             sub.active = True
             sub.outlet.activated(sub.queue_name)
