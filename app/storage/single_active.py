@@ -28,8 +28,8 @@ Queues without the argument never run any of this.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -142,14 +142,16 @@ async def claim(
 ) -> list[Claimed] | None:
     """Claim up to ``n`` for ``connection``'s subscription, if it is the active one; None
     when it is not (it was taken over)."""
-    async with hot.connection() as conn, conn.transaction():
-        await _run(conn, LOCK_HOT, {"queue_ids": [queue_id]})
-        if not await conn.fetchval(
-            GATE.sql, *GATE.args({"queue_id": queue_id, "connection": connection})
-        ):
-            return None
-        rows = await _fetch_claim(conn, queue_id, n, lease_seconds, process_id, [connection] * n)
-    return claimed_rows(rows)
+    params = claim_params(
+        queue_id=queue_id,
+        n=n,
+        lease_seconds=lease_seconds,
+        process_id=process_id,
+        owners=[connection] * n,
+        owner_user=None,
+    )
+    gate = {"queue_id": queue_id, "connection": connection}
+    return await _claim_if(hot, params, GATE, gate, passes=True)
 
 
 async def claim_pull(
@@ -163,36 +165,32 @@ async def claim_pull(
 ) -> list[Claimed] | None:
     """A pull claim from a single-active queue; None (claiming nothing) while the queue has a
     subscription."""
-    async with hot.connection() as conn, conn.transaction():
-        await _run(conn, LOCK_HOT, {"queue_ids": [queue_id]})
-        if await conn.fetchval(
-            HAS_SUBSCRIPTION.sql, *HAS_SUBSCRIPTION.args({"queue_id": queue_id})
-        ):
-            return None
-        rows = await _fetch_claim(conn, queue_id, n, lease_seconds, process_id, None, owner_user)
-    return claimed_rows(rows)
-
-
-async def _run(conn: asyncpg.Connection, stmt: Statement, params: dict[str, object]) -> None:
-    await conn.fetch(stmt.sql, *stmt.args(params))
-
-
-async def _fetch_claim(
-    conn: asyncpg.Connection,
-    queue_id: int,
-    n: int,
-    lease_seconds: float,
-    process_id: str,
-    owners: list[str] | None,
-    owner_user: str | None = None,
-) -> list[asyncpg.Record]:
     params = claim_params(
         queue_id=queue_id,
         n=n,
         lease_seconds=lease_seconds,
         process_id=process_id,
-        owners=owners,
+        owners=None,
         owner_user=owner_user,
     )
-    rows: list[asyncpg.Record] = await conn.fetch(queries.CLAIM.sql, *queries.CLAIM.args(params))
-    return rows
+    check = {"queue_id": queue_id}
+    return await _claim_if(hot, params, HAS_SUBSCRIPTION, check, passes=False)
+
+
+async def _claim_if(
+    hot: HotPath,
+    params: dict[str, Any],
+    test: Statement,
+    test_params: dict[str, Any],
+    *,
+    passes: bool,
+) -> list[Claimed] | None:
+    """Under the queue's lock: ``queries.CLAIM`` with ``params`` if ``test`` answers
+    ``passes``, else None."""
+    async with hot.connection() as conn, conn.transaction():
+        queue_ids = [params["queue_id"]]
+        await conn.fetch(LOCK_HOT.sql, *LOCK_HOT.args({"queue_ids": queue_ids}))
+        if bool(await conn.fetchval(test.sql, *test.args(test_params))) is not passes:
+            return None
+        rows = await conn.fetch(queries.CLAIM.sql, *queries.CLAIM.args(params))
+    return claimed_rows(rows)

@@ -14,14 +14,17 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.api.test_multiprocess import Pair, start_pair
-from tests.support import LiveServer, PgCluster, wait_for
+# the two processes and their database, one pair per module
+from tests.api.test_multiprocess import (  # one pair of processes per module
+    Pair,
+    database,  # noqa: F401 - fixture
+    pair,  # noqa: F401 - fixture
+)
+from tests.support import LiveServer, wait_for
 from tests.wsclient import WsClient, bind, declare_queue, publish, stats
 
 SERVER_SETTINGS = {"ack_timeout_check_interval_ms": 100}
@@ -133,22 +136,7 @@ def test_pull_get_is_409_while_a_subscription_is_active(srv: LiveServer, adm: ht
 # -- two broker processes ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        yield pg_cluster.url_for(name)
-    finally:
-        pg_cluster.drop_database(name)
-
-
-@pytest.fixture(scope="module")
-def pair(database: str) -> Iterator[Pair]:
-    with ExitStack() as stack:
-        yield start_pair(stack, database, ack_timeout_check_interval_ms=200)
-
-
-def test_takeover_on_another_process_after_the_connection_drops(pair: Pair) -> None:
+def test_takeover_on_another_process_after_the_connection_drops(pair: Pair) -> None:  # noqa: F811
     q = sac_queue(pair.rest_a)
     for i in range(6):
         publish(pair.rest_a, q, i)
@@ -173,7 +161,7 @@ def test_takeover_on_another_process_after_the_connection_drops(pair: Pair) -> N
         assert elapsed < 2.0
 
 
-def test_waiting_on_a_takes_over_from_an_unsubscribe_on_b(pair: Pair) -> None:
+def test_waiting_on_a_takes_over_from_an_unsubscribe_on_b(pair: Pair) -> None:  # noqa: F811
     q = sac_queue(pair.rest_a)
     with WsClient.admin(pair.b.ws_url) as on_b, WsClient.admin(pair.a.ws_url) as on_a:
         assert on_b.subscribe(q, 5)["active"] is True
@@ -202,9 +190,9 @@ def _frames(ws: WsClient) -> Iterator[dict[str, Any]]:
 class InFlightSampler(threading.Thread):
     """Reads, as fast as it can, which connections hold in-flight copies of a queue."""
 
-    def __init__(self, database: str, queue: str) -> None:
+    def __init__(self, url: str, queue: str) -> None:
         super().__init__(daemon=True)
-        self.database, self.queue = database, queue
+        self.database, self.queue = url, queue
         self.stop = threading.Event()
         self.samples = 0
         self.worst: list[str] = []
@@ -236,7 +224,7 @@ class InFlightSampler(threading.Thread):
         asyncio.run(sample())
 
 
-def test_never_two_active_across_processes(pair: Pair, database: str) -> None:
+def test_never_two_active_across_processes(pair: Pair, database: str) -> None:  # noqa: F811
     """Subscribers on both processes come and go while messages flow; a sampler of the
     database never sees in-flight copies of the queue held by two connections, and every
     message is acknowledged, in publish order, by whoever was active."""
