@@ -21,6 +21,7 @@ import httpx
 # the two processes and their database, one pair per module
 from tests.api.test_multiprocess import (  # one pair of processes per module
     Pair,
+    _sql,
     database,  # noqa: F401 - fixture
     pair,  # noqa: F401 - fixture
 )
@@ -131,6 +132,31 @@ def test_pull_get_is_409_while_a_subscription_is_active(srv: LiveServer, adm: ht
     r = adm.post(f"/queues/{q}/get", json={"max_messages": 1})
     assert r.status_code == 200, r.text
     assert [m["body"] for m in r.json()["messages"]] == ["x"]
+
+
+def test_a_subscription_taken_over_behind_its_back_stops_and_waits_its_turn(
+    srv: LiveServer, adm: httpx.Client
+) -> None:
+    """The claim's gate, not the process's memory, decides: when the holder recorded in the
+    database is another connection (as after this process was taken for dead), the
+    subscription claims nothing; it gets SUBSCRIPTION_ACTIVE again once it is promoted (the
+    other holder has nothing in flight), and only then the message."""
+    q = sac_queue(adm)
+    url = srv.settings.database_url
+    with WsClient.admin(srv.ws_url) as ws:
+        assert ws.subscribe(q)["active"] is True
+        stranger = str(uuid.uuid4())
+        _sql(
+            url,
+            "UPDATE single_active_holders SET connection_id = $1"
+            " WHERE queue_id = (SELECT id FROM queues WHERE name = $2)",
+            stranger,
+            q,
+        )
+        publish(adm, q, "after the takeover")
+        # the gate refuses the claim; the next check (within a second) promotes it again
+        assert ws.expect("SUBSCRIPTION_ACTIVE", 3) == {"type": "SUBSCRIPTION_ACTIVE", "queue": q}
+        assert ws.delivery()["body"] == "after the takeover"
 
 
 # -- two broker processes ----------------------------------------------------------------------
