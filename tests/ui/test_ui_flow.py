@@ -304,3 +304,11 @@ def test_single_active_consumer_from_the_form_to_the_queue_page(
         expect(stat(page, "queue-consumers-waiting")).to_have_text("1")
         settings = page.get_by_text("Single active consumer (x-single-active-consumer)")
         expect(settings).to_be_visible()
+        # The consume panel's subscription waits behind the two, then takes over.
+        page.get_by_role("link", name="Consume from this queue").click()
+        page.get_by_role("button", name="Subscribe").click()
+        expect(
+            page.get_by_text("another subscription is the single active consumer")
+        ).to_be_visible()
+    expect(page.get_by_text("e2e-sac is now the single active consumer")).to_be_visible()
+    expect(page.get_by_text("another subscription is the single active consumer")).to_have_count(0)
