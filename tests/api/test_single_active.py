@@ -143,6 +143,7 @@ def test_a_subscription_taken_over_behind_its_back_stops_and_waits_its_turn(
     other holder has nothing in flight), and only then the message."""
     q = sac_queue(adm)
     url = srv.settings.database_url
+    assert url is not None
     with WsClient.admin(srv.ws_url) as ws:
         assert ws.subscribe(q)["active"] is True
         stranger = str(uuid.uuid4())
