@@ -28,6 +28,9 @@ class Outlet(Protocol):
     def cancel(self, queue: str, reason: str) -> None:
         """Send SUBSCRIPTION_CANCELLED."""
 
+    def activated(self, queue: str) -> None:
+        """Send SUBSCRIPTION_ACTIVE (a waiting single-active subscription became active)."""
+
     def close(self, code: int, reason: str) -> None:
         """Close the connection (from another task)."""
 
@@ -40,7 +43,12 @@ class Subscription:
     prefetch: int
     lease_seconds: float
     unsettled: set[str] = field(default_factory=set)
+    #: receives deliveries (set once SUBSCRIBED is queued, cleared when it ends)
     active: bool = True
+    #: the queue has ``x-single-active-consumer`` (broker/single_active.py)
+    single_active: bool = False
+    #: a single-active subscription that is not (yet) the active one: no credit meanwhile
+    waiting: bool = False
 
     @property
     def credit(self) -> int:

@@ -31,6 +31,9 @@ class Credit:
         self.registry = registry
         self.hub = hub
         self.settlement = settlement
+        #: told of a delivery settled by its connection when no subscription of it holds it
+        #: any more (one left over by UNSUBSCRIBE): broker/single_active.py listens
+        self.settled_unsubscribed: Callable[[int], None] = lambda queue_id: None
 
     def ack_soon(
         self,
@@ -104,6 +107,8 @@ class Credit:
         if sub is not None and tag in sub.unsettled:
             sub.unsettled.discard(tag)
             self.hub.credit([queue_id])
+        elif sub is None:
+            self.settled_unsubscribed(queue_id)
 
     async def reconcile_all(self) -> None:
         """The periodic round: only connections holding unsettled deliveries have slots to

@@ -6,6 +6,8 @@
 - ``PullConsumers`` (broker/pull.py): HTTP get, long poll and the pulled deliveries' settlement;
 - ``Settlement`` (broker/settlement.py): every path that ends a delivery, and the retry loop;
 - ``Presence`` (broker/presence.py): the heartbeat, and the reaping of dead processes;
+- ``SingleActive`` (broker/single_active.py): which subscriptions of single-active-consumer
+  queues wait, and when one becomes active;
 - ``ClusterBus`` (broker/cluster.py): the typed events processes tell each other by NOTIFY;
 - ``CredentialChecks`` (broker/credentials.py): live sockets' sessions and users re-checked.
 
@@ -26,6 +28,7 @@ from app.broker.dispatcher import Dispatcher
 from app.broker.presence import HEARTBEAT_SECONDS, Presence
 from app.broker.pull import PullConsumers
 from app.broker.settlement import Settled, Settlement
+from app.broker.single_active import CHECK_SECONDS, SingleActive
 from app.broker.subscriptions import Subscriptions
 from app.broker.tasks import TaskOwner, every
 from app.broker.wakeups import WakeHub
@@ -55,6 +58,10 @@ class DeliveryEngine:
         )
         self.settlement = Settlement(db, self.tasks, metrics, self._after_settle)
         self.credit = Credit(db, self.registry, self.hub, self.settlement)
+        self.single = SingleActive(
+            db, self.hub, self.registry, self.dispatcher, self.tasks, self._tell_queues
+        )
+        self.credit.settled_unsubscribed = self.single.settled_elsewhere
         self.subscriptions = Subscriptions(
             db,
             settings,
@@ -64,6 +71,7 @@ class DeliveryEngine:
             self.dispatcher,
             self.credit,
             self.settlement,
+            self.single,
             self.process_id,
         )
         self.pull = PullConsumers(
@@ -97,6 +105,7 @@ class DeliveryEngine:
         )
         spawn(every(RECONCILE_SECONDS, self.credit.reconcile_all, "reconcile"), name="reconcile")
         spawn(every(LIVENESS_SECONDS, self.credentials.check, "liveness"), name="liveness")
+        spawn(every(CHECK_SECONDS, self.single.check_all, "single-active"), name="single-active")
 
     async def drain(self) -> None:
         """Close local WebSockets with 1001 and wait until their handlers have released what
@@ -116,6 +125,9 @@ class DeliveryEngine:
         await self.cluster.close()
 
     # -- events from this process ----------------------------------------------------------
+
+    def _tell_queues(self, queue_ids: set[int]) -> None:
+        self.cluster.tell_queues(queue_ids)
 
     def on_published(self, queue_ids: set[int]) -> None:
         """Publisher hook, after commit: wake local dispatchers now, tell the others soon."""

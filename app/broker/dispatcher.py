@@ -22,7 +22,7 @@ from app.broker.tasks import TaskOwner
 from app.broker.wakeups import WakeHub, wait_event
 from app.errors import Unavailable
 from app.metrics import Metrics
-from app.storage import deliveries
+from app.storage import deliveries, single_active
 from app.storage.database import Database
 from app.storage.messages import HandedOff
 
@@ -67,6 +67,9 @@ class Dispatcher:
         self._ready_seen = 0
         self._since_full = 0
         hub.on_wake_all = self._poll_now.set
+        #: told when a single-active subscription's claim finds it is not the active one
+        #: (broker/single_active.py sets it)
+        self.deposed: Callable[[Subscription], None] = lambda sub: None
 
     def start(self) -> None:
         self.tasks.spawn(self._poll(), name="dispatch-poll")
@@ -80,10 +83,11 @@ class Dispatcher:
             lock = self._locks[queue_id] = asyncio.Lock()
         return lock
 
-    def watch(self, queue_id: int) -> None:
-        """The queue has (or may now have) local subscribers: claim when it is woken."""
+    def watch(self, queue_id: int, watcher: Callable[[int], None] | None = None) -> None:
+        """The queue has (or may now have) local subscribers: claim when it is woken (through
+        ``watcher``, which calls ``poke``, when given)."""
         if not self.hub.is_watched(queue_id):
-            self.hub.watch(queue_id, self.poke)
+            self.hub.watch(queue_id, watcher or self.poke)
 
     def forget(self, queue_id: int) -> None:
         """The queue may have lost its last local subscriber."""
@@ -214,15 +218,22 @@ class Dispatcher:
                     self.hub.drained(queue_id, None)
                     return None
                 wakes = self.hub.wakes(queue_id)
-                claimed = await deliveries.claim(
-                    self.db.hot,
-                    queue_id=queue_id,
-                    n=len(order),
-                    lease_seconds=order[0].lease_seconds,
-                    process_id=self.process_id,
-                    owners=[s.outlet.id for s in order],
-                    owner_user=None,
-                )
+                if order[0].single_active:
+                    found = await self._claim_single(queue_id, order)
+                    if found is None:
+                        self.hub.drained(queue_id, None)
+                        return None
+                    order, claimed = found
+                else:
+                    claimed = await deliveries.claim(
+                        self.db.hot,
+                        queue_id=queue_id,
+                        n=len(order),
+                        lease_seconds=order[0].lease_seconds,
+                        process_id=self.process_id,
+                        owners=[s.outlet.id for s in order],
+                        owner_user=None,
+                    )
                 self._hand_out(queue_id, order, claimed)
             self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):
@@ -230,12 +241,33 @@ class Dispatcher:
                 return await deliveries.seconds_until_due(self.db.hot, queue_id)
             self.hub.drained(queue_id, None)  # it took all it could: more may wait
 
+    async def _claim_single(
+        self, queue_id: int, order: list[Subscription]
+    ) -> tuple[list[Subscription], list[deliveries.Claimed]] | None:
+        """The claim of a single-active queue, for its one active subscription, through the
+        gate (storage/single_active.py); None when the gate says it is not the active one."""
+        sub = order[0]
+        order = [s for s in order if s is sub]
+        claimed = await single_active.claim(
+            self.db.hot,
+            queue_id=queue_id,
+            n=len(order),
+            lease_seconds=sub.lease_seconds,
+            process_id=self.process_id,
+            connection=sub.outlet.id,
+        )
+        if claimed is None:
+            self.deposed(sub)
+            return None
+        return order, claimed
+
     async def reserve(self, wanted: Mapping[int, int]) -> HandOff | None:
         """Prefetch room for a publish's direct hand-off: for each queue of ``wanted`` (queue
         id → copies) whose dispatcher is idle, who would get its next copies, in round-robin
         order, as a claim would hand them out. Holds those queues' locks (so no claim, and no
         unsubscribe or close, runs in between) until the HandOff is closed; None when no
-        queue has room. A busy queue is skipped, not waited for."""
+        queue has room. A busy queue is skipped, not waited for, and so is a single-active
+        one."""
         orders: dict[int, list[Subscription]] = {}
         locks: list[asyncio.Lock] = []
         for queue_id, n in wanted.items():
@@ -245,7 +277,8 @@ class Dispatcher:
             await lock.acquire()
             locks.append(lock)
             order = self.registry.round_robin(queue_id, min(n, MAX_CLAIM))
-            if order:
+            # a single-active queue's copies go through the gate of its claim, never straight
+            if order and not order[0].single_active:
                 orders[queue_id] = order
         if not orders:
             for lock in locks:

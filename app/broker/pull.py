@@ -12,9 +12,9 @@ from app.broker.wakeups import WakeHub, wait_event
 from app.config import Settings
 from app.domain.model import User
 from app.domain.retry import Outcome
-from app.errors import NotFound
+from app.errors import NotFound, PreconditionFailed
 from app.metrics import Metrics
-from app.storage import deliveries
+from app.storage import deliveries, single_active
 from app.storage.database import Database
 from app.storage.deliveries import Claimed
 
@@ -56,14 +56,16 @@ class PullConsumers:
             found = await deliveries.queue_by_name(conn, queue)
         if found is None:
             raise NotFound(f"queue '{queue}' not found")
-        queue_id, queue_timeout = found
-        lease = float(ack_timeout_seconds or queue_timeout or self.settings.ack_timeout_seconds)
+        queue_id = found.id
+        timeout = ack_timeout_seconds or found.ack_timeout_seconds
+        lease = float(timeout or self.settings.ack_timeout_seconds)
+        claim = self._claim_single if found.single_active else self._claim
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         with self.hub.register(queue_id) as event:
             while True:
                 event.clear()
-                claimed = await self._claim(user, queue_id, max_messages, lease)
+                claimed = await claim(user, queue_id, max_messages, lease)
                 remaining = deadline - loop.time()
                 if claimed or remaining <= 0:
                     self.metrics.delivered.labels(via="pull").inc(len(claimed))
@@ -84,6 +86,23 @@ class PullConsumers:
             owners=None,
             owner_user=user.username,
         )
+        self.metrics.claims.labels(via="pull").inc()
+        return claimed
+
+    async def _claim_single(self, user: User, queue_id: int, n: int, lease: float) -> list[Claimed]:
+        """A claim from a queue with a single active consumer: 409 while it has one."""
+        claimed = await single_active.claim_pull(
+            self.db.hot,
+            queue_id=queue_id,
+            n=n,
+            lease_seconds=lease,
+            process_id=self.process_id,
+            owner_user=user.username,
+        )
+        if claimed is None:
+            raise PreconditionFailed(
+                "the queue has a single active consumer subscribed (x-single-active-consumer)"
+            )
         self.metrics.claims.labels(via="pull").inc()
         return claimed
 

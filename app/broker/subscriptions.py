@@ -16,12 +16,13 @@ from app.broker.consumers import ConsumerRegistry, Outlet, Subscription
 from app.broker.credit import Credit
 from app.broker.dispatcher import Dispatcher
 from app.broker.settlement import Settlement
+from app.broker.single_active import SingleActive
 from app.broker.wakeups import WakeHub
 from app.config import Settings
 from app.domain.retry import Outcome
 from app.errors import AlreadySubscribed, LimitExceeded, NotFound, NotSubscribed, Unavailable
 from app.metrics import Metrics
-from app.storage import deliveries, presence
+from app.storage import deliveries, presence, single_active
 from app.storage.database import Database
 
 log = logging.getLogger("messagex.delivery")
@@ -38,6 +39,7 @@ class Subscriptions:
         dispatcher: Dispatcher,
         credit: Credit,
         settlement: Settlement,
+        single: SingleActive,
         process_id: str,
     ) -> None:
         self.db = db
@@ -48,6 +50,7 @@ class Subscriptions:
         self.dispatcher = dispatcher
         self.credit = credit
         self.settlement = settlement
+        self.single = single
         self.process_id = process_id
         self._all_closed = asyncio.Event()
         self._releasing = 0
@@ -91,7 +94,8 @@ class Subscriptions:
     async def disconnect(self, outlet: Outlet) -> None:
         self._releasing += 1
         try:
-            for sub in self.registry.of_connection(outlet.id):
+            subs = self.registry.of_connection(outlet.id)
+            for sub in subs:
                 async with self.dispatcher.lock(sub.queue_id):
                     self.registry.remove(sub)
                 self.dispatcher.forget(sub.queue_id)
@@ -101,6 +105,10 @@ class Subscriptions:
             async with self.db.transaction() as conn:
                 await presence.remove_connection(conn, outlet.id)
             await self.settlement.release_connections([outlet.id])
+            for sub in subs:
+                if sub.single_active:
+                    sub.unsettled.clear()  # released above
+                    self.single.ended(sub)
         finally:
             self._releasing -= 1
             if not self.registry.outlets and not self._releasing:
@@ -144,10 +152,11 @@ class Subscriptions:
             found = await deliveries.queue_by_name(conn, queue)
             if found is None:
                 raise NotFound(f"queue '{queue}' not found")
-            queue_id, ack_timeout = found
+            queue_id = found.id
             if self.registry.get(outlet.id, queue_id) is not None:
                 raise AlreadySubscribed(f"already subscribed to queue '{queue}'")
-            await presence.add_subscription(
+            register = single_active.register if found.single_active else presence.add_subscription
+            active = await register(
                 conn,
                 connection_id=outlet.id,
                 queue_id=queue_id,
@@ -155,18 +164,36 @@ class Subscriptions:
                 prefetch=prefetch,
             )
             held = await deliveries.owned_tags(conn, outlet.id, queue_id)
-        lease = float(ack_timeout or self.settings.ack_timeout_seconds)
-        sub = Subscription(outlet, queue_id, queue, prefetch, lease, unsettled=held, active=False)
+        lease = float(found.ack_timeout_seconds or self.settings.ack_timeout_seconds)
+        sub = Subscription(
+            outlet,
+            queue_id,
+            queue,
+            prefetch,
+            lease,
+            unsettled=held,
+            active=False,
+            single_active=found.single_active,
+            waiting=not active,
+        )
         async with self.dispatcher.lock(queue_id):
             if self.registry.get(outlet.id, queue_id) is not None:
                 raise AlreadySubscribed(f"already subscribed to queue '{queue}'")
             self.registry.add(sub)
+        if sub.single_active:
+            self.single.added(sub)
         self.metrics.subscriptions.set(self.registry.subscription_count())
         return sub
 
     def activate(self, sub: Subscription) -> None:
-        sub.active = True
-        self.dispatcher.watch(sub.queue_id)
+        """SUBSCRIBED is queued: deliveries may follow (not while it waits for its turn as
+        the single active consumer: ``SingleActive`` activates it then)."""
+        if sub.single_active:
+            sub.active = not sub.waiting
+            self.dispatcher.watch(sub.queue_id, self.single.watcher)
+        else:
+            sub.active = True
+            self.dispatcher.watch(sub.queue_id)
         self.hub.wake([sub.queue_id])
 
     async def unsubscribe(self, outlet: Outlet, queue: str) -> None:
@@ -189,6 +216,8 @@ class Subscriptions:
                 await presence.remove_subscription(conn, sub.outlet.id, sub.queue_id)
         except Unavailable:
             log.warning("could not remove a subscription row; the heartbeat reaper will")
+        if sub.single_active:
+            self.single.ended(sub)
 
     async def cancel_queue(self, queue: str) -> None:
         """The queue was deleted: its subscribers get SUBSCRIPTION_CANCELLED."""
@@ -199,6 +228,8 @@ class Subscriptions:
                         self.registry.remove(sub)
                     self.dispatcher.forget(queue_id)
                     sub.outlet.cancel(queue, "queue_deleted")
+                    if sub.single_active:
+                        self.single.ended(sub)
         self.metrics.subscriptions.set(self.registry.subscription_count())
 
     # -- credit ---------------------------------------------------------------------------

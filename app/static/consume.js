@@ -30,6 +30,10 @@ function listen(mx, ctx) {
     ctx.notify(`Subscription to ${e.detail.queue} ended (${e.detail.reason})`, "error");
     renderSubs(ctx);
   });
+  mx.addEventListener("activated", (e) => {
+    ctx.notify(`Subscription to ${e.detail.queue} is now the single active consumer`);
+    renderSubs(ctx);
+  });
   mx.addEventListener("state", (e) => {
     if (e.detail.state === "reconnecting") {
       // The broker released this connection's deliveries; they will come again.
@@ -149,6 +153,7 @@ function renderSubs(ctx) {
   const items = [...state.subs.values()].map((sub) =>
     h("li", null,
       h("span", null, `${sub.queue} (prefetch ${sub.prefetch})`), " ",
+      sub.waiting ? h("span", { class: "hint" }, "waiting: another subscription is the single active consumer ") : null,
       h("button", {
         type: "button",
         onClick: async () => {

@@ -22,7 +22,9 @@
 // de-duplicate a retry). Authentication failures (close code 4401) are final: no reconnect.
 //
 // Events (the client is an EventTarget): "state" {state, attempt?, delayMs?},
-// "connected" {connection_id, user}, "cancelled" {queue, reason}, "error" {error}.
+// "connected" {connection_id, user}, "cancelled" {queue, reason}, "error" {error},
+// "activated" {queue} (a subscription that waited on a single-active-consumer queue is now
+// the active one: Subscription.waiting turned false).
 
 const CLOSE_UNAUTHORIZED = 4401;
 
@@ -103,6 +105,10 @@ export class Subscription {
     this.handler = handler;
     this.confirmed = false; // SUBSCRIBED seen at least once: resubscribe after a reconnect
     this.active = true;
+    // On a queue declared with x-single-active-consumer: true while another subscription is
+    // the active one (SUBSCRIBED said "active": false); false once SUBSCRIPTION_ACTIVE came
+    // (the client then dispatches "activated" {queue}). Always false on other queues.
+    this.waiting = false;
   }
 
   /** Stop new deliveries (unsettled ones stay yours to settle). */
@@ -418,6 +424,14 @@ export class Client extends EventTarget {
       frame = JSON.parse(data);
     } catch {
       return;
+    }
+    if (frame.type === "SUBSCRIBED" || frame.type === "SUBSCRIPTION_ACTIVE") {
+      // here, in frame order: a SUBSCRIPTION_ACTIVE may follow SUBSCRIBED at once
+      const sub = this._subs.get(frame.queue);
+      if (sub) sub.waiting = frame.active === false;
+      if (sub && frame.type === "SUBSCRIPTION_ACTIVE") {
+        this.dispatchEvent(new CustomEvent("activated", { detail: { queue: frame.queue } }));
+      }
     }
     const waiter = frame.id !== undefined ? this._pending.get(frame.id) : undefined;
     if (waiter) {

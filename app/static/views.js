@@ -574,6 +574,19 @@ function bindingForm(ctx, fixed, reload) {
 
 // -- queues ----------------------------------------------------------------------------
 
+const SINGLE_ACTIVE = "x-single-active-consumer";
+
+/** On a single-active-consumer queue: of its consumers the oldest is the active one (or
+ * becomes it once its predecessor's deliveries are settled) and the others wait. */
+function singleActiveStats(q) {
+  if (q.arguments[SINGLE_ACTIVE] !== true) return [];
+  const n = q.stats.consumers;
+  return [
+    ["consumers-active", "Active consumer", Math.min(n, 1)],
+    ["consumers-waiting", "Waiting consumers", Math.max(n - 1, 0)],
+  ];
+}
+
 export function queuesView(main, _params, ctx) {
   const list = h("div");
   const pages = pager(() => refresh());
@@ -586,6 +599,7 @@ export function queuesView(main, _params, ctx) {
   const args = jsonInput("Arguments (JSON object)", "{}");
   const limits = limitFields();
   const lifecycle = lifecycleArgumentFields();
+  const singleActive = checkbox(`Single active consumer (${SINGLE_ACTIVE})`);
   const form = h(
     "form",
     { class: "card" },
@@ -596,12 +610,14 @@ export function queuesView(main, _params, ctx) {
     field("Ack timeout (seconds)", ackTimeout, "Empty: the broker default"),
     ...limits.els,
     ...lifecycle.els,
+    singleActive.el,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
   onSubmit(form, async () => {
     const argumentsValue = args.read({}, { object: true });
     if (argumentsValue === undefined) return;
+    if (singleActive.input.checked) argumentsValue[SINGLE_ACTIVE] = true;
     try {
       const r = await api("PUT", `/queues/${seg(name.value)}`, {
         body: {
@@ -705,6 +721,7 @@ export function queueView(main, params, ctx) {
       fill(stats, statList([
         ...STATUSES.map((s) => [s, STATUS_LABELS[s], q.stats[s]]),
         ["consumers", "Consumers", q.stats.consumers],
+        ...singleActiveStats(q),
       ], "queue-"));
       if (!loaded) {
         loaded = true;
@@ -721,6 +738,7 @@ export function queueView(main, params, ctx) {
           ["Queue expiry (x-expires)", a["x-expires"] === undefined ? "never" : `${a["x-expires"]} ms unused`],
           ["Dead-letter exchange (x-dead-letter-exchange)", dlx === undefined ? "none" : link(dlx, "exchanges", dlx)],
           ["Dead-letter routing key (x-dead-letter-routing-key)", a["x-dead-letter-routing-key"] ?? "the message's own"],
+          [`Single active consumer (${SINGLE_ACTIVE})`, yesNo(q.arguments[SINGLE_ACTIVE] === true)],
           ["Arguments", pre(json(q.arguments), "Arguments")],
         ]));
         await Promise.all([loadBindings(), browse.load()]);

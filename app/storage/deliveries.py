@@ -31,6 +31,31 @@ from app.storage.fastpath import HotPath, jsonb_text
 Claimed = Delivery
 
 
+def claim_params(
+    *,
+    queue_id: int,
+    n: int,
+    lease_seconds: float,
+    process_id: str,
+    owners: Sequence[str] | None,
+    owner_user: str | None,
+) -> dict[str, Any]:
+    """The parameters of ``queries.CLAIM``."""
+    return {
+        "queue_id": queue_id,
+        "n": n,
+        "lease_seconds": float(lease_seconds),
+        "process_id": process_id,
+        "owners": list(owners) if owners is not None else None,
+        "owner_user": owner_user,
+    }
+
+
+def claimed_rows(rows: Sequence[Any]) -> list[Claimed]:
+    """``queries.CLAIM``'s rows as deliveries, in claim order (``slot``: the owner's index)."""
+    return [Claimed(r[0] - 1, *r[1:]) for r in sorted(rows, key=lambda r: r[0])]
+
+
 async def claim(
     hot: HotPath,
     *,
@@ -41,18 +66,15 @@ async def claim(
     owners: Sequence[str] | None,
     owner_user: str | None,
 ) -> list[Claimed]:
-    rows = await hot.fetch(
-        queries.CLAIM,
-        {
-            "queue_id": queue_id,
-            "n": n,
-            "lease_seconds": float(lease_seconds),
-            "process_id": process_id,
-            "owners": list(owners) if owners is not None else None,
-            "owner_user": owner_user,
-        },
+    params = claim_params(
+        queue_id=queue_id,
+        n=n,
+        lease_seconds=lease_seconds,
+        process_id=process_id,
+        owners=owners,
+        owner_user=owner_user,
     )
-    return [Claimed(r[0] - 1, *r[1:]) for r in sorted(rows, key=lambda r: r[0])]
+    return claimed_rows(await hot.fetch(queries.CLAIM, params))
 
 
 async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
@@ -445,10 +467,12 @@ async def owned_tags(conn: AsyncConnection, owner: str, queue_id: int) -> set[st
 # -- queues as the delivery side sees them --------------------------------------------------
 
 # A subscribe or a get uses the queue: one with x-expires has its deadline pushed forward in
-# the same statement (contract §13); no other queue's row is written.
+# the same statement (contract §13); no other queue's row is written. Also returned: whether
+# the queue has a single active consumer (contract §13).
 QUEUE_BY_NAME = text("""
 WITH q AS (
-    SELECT id, ack_timeout_seconds, idle_expires_at IS NOT NULL AS expires
+    SELECT id, ack_timeout_seconds, idle_expires_at IS NOT NULL AS expires,
+           coalesce(arguments -> 'x-single-active-consumer' = 'true'::jsonb, false) AS sac
     FROM queues WHERE name = :name
 ), touched AS (
     UPDATE queues SET
@@ -456,10 +480,19 @@ WITH q AS (
                                   * interval '1 millisecond'
     FROM q WHERE queues.id = q.id AND q.expires
 )
-SELECT id, ack_timeout_seconds FROM q
+SELECT id, ack_timeout_seconds, sac FROM q
 """)
 
 
-async def queue_by_name(conn: AsyncConnection, name: str) -> tuple[int, int | None] | None:
+@dataclass(frozen=True, slots=True)
+class ConsumedQueue:
+    """A queue as its consumers need it."""
+
+    id: int
+    ack_timeout_seconds: int | None
+    single_active: bool
+
+
+async def queue_by_name(conn: AsyncConnection, name: str) -> ConsumedQueue | None:
     row = (await conn.execute(QUEUE_BY_NAME, {"name": name})).first()
-    return None if row is None else (int(row[0]), row[1])
+    return None if row is None else ConsumedQueue(int(row[0]), row[1], bool(row[2]))

@@ -36,9 +36,12 @@ WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
 RETURNING id::text
 """)
 UNREGISTER_PROCESS = text("DELETE FROM broker_processes WHERE id = :id")
+# created_at is the clock when the row is written (not the transaction's start): under the
+# queue's lock that a single-active queue's registration holds, it orders subscriptions by
+# commit (storage/single_active.py).
 ADD_SUBSCRIPTION = text("""
-INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch)
-VALUES (:connection_id, :queue_id, :process_id, :prefetch)
+INSERT INTO subscriptions (connection_id, queue_id, process_id, prefetch, created_at)
+VALUES (:connection_id, :queue_id, :process_id, :prefetch, clock_timestamp())
 ON CONFLICT DO NOTHING
 """)
 # A queue with x-expires whose subscription ends starts its idle time again (contract §13);
@@ -124,7 +127,9 @@ async def unregister_process(conn: AsyncConnection, id: str) -> None:
 
 async def add_subscription(
     conn: AsyncConnection, *, connection_id: str, queue_id: int, process_id: str, prefetch: int
-) -> None:
+) -> bool:
+    """Register a subscription; True: it is active (every subscription of a queue without a
+    single active consumer is; storage/single_active.py registers those of the others)."""
     await conn.execute(
         ADD_SUBSCRIPTION,
         {
@@ -134,6 +139,7 @@ async def add_subscription(
             "prefetch": prefetch,
         },
     )
+    return True
 
 
 async def remove_subscription(conn: AsyncConnection, connection_id: str, queue_id: int) -> None:

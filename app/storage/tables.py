@@ -308,6 +308,17 @@ subscriptions = Table(
 Index(None, subscriptions.c.queue_id)
 Index(None, subscriptions.c.process_id)
 
+single_active_holders = Table(
+    "single_active_holders",
+    metadata,
+    # Queues with x-single-active-consumer: the connection whose subscription is (or last
+    # was) active. It stays after that subscription ends, until the next oldest takes over
+    # once none of the holder's deliveries of the queue is in flight (storage/single_active.py).
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
+    Column("connection_id", UUID(as_uuid=False), nullable=False),
+    _ts("since"),
+)
+
 websocket_connections = Table(
     "websocket_connections",
     metadata,

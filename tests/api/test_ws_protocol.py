@@ -241,7 +241,7 @@ def test_subscribed_comes_before_any_delivery(url: str, adm: httpx.Client, q: st
     with WsClient.admin(url) as ws:
         ws.send_json({"type": "SUBSCRIBE", "queue": q, "prefetch": 5, "id": 42})
         first = ws.recv_json()
-        assert first == {"type": "SUBSCRIBED", "queue": q, "prefetch": 5, "id": 42}
+        assert first == {"type": "SUBSCRIBED", "queue": q, "prefetch": 5, "active": True, "id": 42}
         bodies = [ws.recv_json()["body"] for _ in range(5)]
         assert bodies == [0, 1, 2, 3, 4]
 
@@ -253,7 +253,7 @@ def test_subscribed_is_sent_without_id_and_prefetch_defaults_to_one(
     publish(adm, q, "b")
     with WsClient.admin(url) as ws:
         ws.send_json({"type": "SUBSCRIBE", "queue": q})
-        assert ws.recv_json() == {"type": "SUBSCRIBED", "queue": q, "prefetch": 1}
+        assert ws.recv_json() == {"type": "SUBSCRIBED", "queue": q, "prefetch": 1, "active": True}
         assert ws.recv_json()["body"] == "a"
         assert ws.quiet(0.3) == []  # prefetch 1: the second waits for the ack
 

@@ -288,3 +288,31 @@ async def test_topology_binds_exchanges_and_names_an_alternate(
     await top.delete_exchange("topo-down", if_unused=False)
     with pytest.raises(NotFound):
         await top.delete_exchange("topo-down")
+
+
+async def test_single_active_consumer_waits_then_becomes_active(
+    broker: LiveServer, mx: Client, rest: httpx.AsyncClient
+) -> None:
+    """SUBSCRIBED's ``active`` and SUBSCRIPTION_ACTIVE (contract §13) as ``Subscription.active``
+    and ``wait_active()``."""
+    q = await queue(rest, "py-sac", arguments={"x-single-active-consumer": True})
+    plain = await queue(rest, "py-plain")
+    async with mx.subscribe(plain) as any_sub:
+        assert any_sub.active is True
+    async with Client(broker.base_url, username=ADMIN_USER, password=ADMIN_PASSWORD) as other:
+        first = await mx.subscribe(q).start()
+        assert first.active is True
+        second = await other.subscribe(q).start()
+        assert second.active is False
+        await mx.publish(queue=q, body="to the first")
+        message = await asyncio.wait_for(anext(first), TIMEOUT)
+        assert message.body == "to the first"
+        await message.ack()
+        await first.cancel()
+        await asyncio.wait_for(second.wait_active(), TIMEOUT)
+        assert second.active is True
+        await mx.publish(queue=q, body="to the second")
+        message = await asyncio.wait_for(anext(second), TIMEOUT)
+        assert message.body == "to the second"
+        await message.ack()
+        await second.cancel()

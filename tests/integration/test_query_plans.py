@@ -655,3 +655,25 @@ async def test_the_length_rule_reads_only_the_limited_queue(
         assert not _unbounded(plan), plan
         nodes = list(_nodes(plan))
         assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_single_active_promotion_probes_the_holders_deliveries(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """PROMOTE (storage/single_active.py) asks whether the previous holder still has
+    deliveries of the queue in flight: a walk of ix_messages_owner for that one connection,
+    never a read of the queue's backlog nor of every delivery in flight."""
+    from app.storage import single_active
+
+    busy = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    holder = (await _in_flight(conn, 1))[0][2]
+    await conn.execute(
+        "INSERT INTO single_active_holders (queue_id, connection_id) VALUES ($1, $2)", busy, holder
+    )
+    params = {"queue_ids": [busy], "connections": [str(uuid.uuid4())]}
+    nodes = await _plan(conn, Statement(single_active.PROMOTE), params, mode)
+    scans = _scans(nodes)
+    assert [n.get("Index Name") for n in scans] == ["ix_messages_owner"], nodes
+    gate = {"queue_id": busy, "connection": holder}
+    assert not _scans(await _plan(conn, single_active.GATE, gate, mode))

@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Page
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
+from tests.wsclient import WsClient
 
 SETUP = """
 async ({ token, queue }) => {
@@ -210,3 +211,26 @@ def test_exchange_bindings_and_alternates_through_the_client(
     assert result["viaAlt"] == [caught]
     assert result["missing"] == "not_found"
     assert result["after"] == 0
+
+
+def test_a_waiting_single_active_subscription_is_activated(
+    blank: Page, token: str, rest: httpx.Client, ui_server: LiveServer
+) -> None:
+    """Subscription.waiting and the "activated" event (contract §13)."""
+    q = "bc-sac"
+    r = rest.put(f"/queues/{q}", json={"arguments": {"x-single-active-consumer": True}})
+    assert r.status_code in (200, 201), r.text
+    with WsClient.admin(ui_server.ws_url) as ws:
+        assert ws.subscribe(q)["active"] is True
+        blank.evaluate(SETUP, {"token": token, "queue": q})
+        blank.evaluate(
+            "() => window.__t.client.addEventListener('activated',"
+            " (e) => { window.__t.activated = e.detail.queue; })"
+        )
+        assert blank.evaluate("() => window.__t.sub.waiting") is True
+    wait_for(lambda: blank.evaluate("() => window.__t.activated || null"), message="activated")
+    assert blank.evaluate("() => window.__t.activated") == q
+    assert blank.evaluate("() => window.__t.sub.waiting") is False
+    blank.evaluate("async (q) => window.__t.client.publish({ queue: q, body: 'now' })", q)
+    wait_for(lambda: len(got(blank)) == 1, message="the delivery")
+    assert got(blank)[0]["body"] == "now"

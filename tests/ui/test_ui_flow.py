@@ -12,6 +12,7 @@ from playwright.sync_api import Page, Route, expect
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
 from tests.ui.support import go, log_in, stat
+from tests.wsclient import WsClient
 
 
 def test_declare_bind_publish_browse_consume_ack(
@@ -382,3 +383,35 @@ def test_exchange_page_shows_its_alternate_and_exchange_bindings_both_ways(
         )
     ).to_be_visible()
     expect(page.get_by_text("No bindings.")).to_be_visible()  # none from ui-down itself
+
+
+def test_single_active_consumer_from_the_form_to_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    """The declare form's x-single-active-consumer field, and the queue page's active and
+    waiting consumers (contract §13)."""
+    log_in(page, ui_server)
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-sac")
+    page.get_by_label("Single active consumer (x-single-active-consumer)").check()
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-sac declared")).to_be_visible()
+    assert rest.get("/queues/e2e-sac").json()["arguments"] == {"x-single-active-consumer": True}
+    with WsClient.admin(ui_server.ws_url) as a, WsClient.admin(ui_server.ws_url) as b:
+        assert a.subscribe("e2e-sac")["active"] is True
+        assert b.subscribe("e2e-sac")["active"] is False
+        page.get_by_role("link", name="e2e-sac", exact=True).click()
+        expect(page.get_by_role("heading", name="Queue e2e-sac")).to_be_visible()
+        expect(stat(page, "queue-consumers")).to_have_text("2")
+        expect(stat(page, "queue-consumers-active")).to_have_text("1")
+        expect(stat(page, "queue-consumers-waiting")).to_have_text("1")
+        settings = page.get_by_text("Single active consumer (x-single-active-consumer)")
+        expect(settings).to_be_visible()
+        # The consume panel's subscription waits behind the two, then takes over.
+        page.get_by_role("link", name="Consume from this queue").click()
+        page.get_by_role("button", name="Subscribe").click()
+        expect(
+            page.get_by_text("another subscription is the single active consumer")
+        ).to_be_visible()
+    expect(page.get_by_text("e2e-sac is now the single active consumer")).to_be_visible()
+    expect(page.get_by_text("another subscription is the single active consumer")).to_have_count(0)

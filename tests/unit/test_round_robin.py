@@ -25,6 +25,9 @@ class FakeOutlet:
     def cancel(self, queue: str, reason: str) -> None:
         pass
 
+    def activated(self, queue: str) -> None:
+        pass
+
     def close(self, code: int, reason: str) -> None:
         pass
 

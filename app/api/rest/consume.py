@@ -35,8 +35,10 @@ _NO_DELIVERY = "no in-flight delivery with that tag belongs to you"
     "/queues/{name}/get",
     name="get_messages",
     summary="Claim up to max_messages deliveries, long-polling an empty queue up to wait_ms",
+    description="409 `precondition_failed` while a queue declared with"
+    " `x-single-active-consumer: true` has a WebSocket subscription (contract §13).",
     response_model=GetResponse,
-    responses=problem_responses(400, 401, 403, 404, 422, 429, 503),
+    responses=problem_responses(400, 401, 403, 404, 409, 422, 429, 503),
 )
 async def get_messages(
     name: Annotated[Name, Path()],

@@ -239,6 +239,9 @@ class WsConnection:
     def cancel(self, queue: str, reason: str) -> None:
         self.send({"type": "SUBSCRIPTION_CANCELLED", "queue": queue, "reason": reason})
 
+    def activated(self, queue: str) -> None:
+        self.send({"type": "SUBSCRIPTION_ACTIVE", "queue": queue})
+
     def close(self, code: int, reason: str) -> None:
         """Send a close frame after what is queued; once (a second close is a no-op)."""
         if self.state is not State.CLOSING and self.life.move(State.CLOSING):

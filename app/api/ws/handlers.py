@@ -167,7 +167,15 @@ async def _guarded(conn: WsConnection, work: Awaitable[None], frame_id: FrameId)
 
 async def _subscribe(conn: WsConnection, frame: frames.SubscribeFrame, frame_id: FrameId) -> None:
     sub = await conn.engine.subscribe(conn, frame.queue, frame.prefetch)
-    conn.reply(frame_id, {"type": "SUBSCRIBED", "queue": frame.queue, "prefetch": frame.prefetch})
+    conn.reply(
+        frame_id,
+        {
+            "type": "SUBSCRIBED",
+            "queue": frame.queue,
+            "prefetch": frame.prefetch,
+            "active": not sub.waiting,
+        },
+    )
     conn.engine.activate(sub)
 
 

@@ -184,6 +184,11 @@ class Subscription:
         self._started = False
         self._confirmed = False  # SUBSCRIBED seen: resubscribe after a reconnect
         self._done = False
+        #: whether deliveries flow: False while it waits its turn on a queue declared with
+        #: ``x-single-active-consumer`` (SUBSCRIBED said so), True once SUBSCRIPTION_ACTIVE
+        #: came (always True on other queues)
+        self.active = False
+        self._active = asyncio.Event()
 
     async def start(self) -> Self:
         """Send ``SUBSCRIBE`` and wait for ``SUBSCRIBED`` (waiting for a connection first)."""
@@ -209,6 +214,18 @@ class Subscription:
                 with contextlib.suppress(MessageXError):
                     await item.nack(requeue=True)
         self._buffer.put_nowait(_END)
+
+    async def wait_active(self) -> None:
+        """Return once this subscription is the active one (at once on a queue without a
+        single active consumer)."""
+        await self._active.wait()
+
+    def _set_active(self, active: bool) -> None:
+        self.active = active
+        if active:
+            self._active.set()
+        else:
+            self._active.clear()
 
     def _push(self, item: Message | BaseException | _End) -> None:
         self._buffer.put_nowait(item)
@@ -674,6 +691,11 @@ class Client:
 
     def _dispatch(self, ws: ClientConnection, generation: int, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
+        if kind in ("SUBSCRIBED", "SUBSCRIPTION_ACTIVE"):
+            # here, in frame order: a SUBSCRIPTION_ACTIVE may follow SUBSCRIBED at once
+            sub = self._subs.get(str(frame.get("queue")))
+            if sub is not None:
+                sub._set_active(frame.get("active", True) is not False)
         frame_id = frame.get("id")
         pending = self._pending.get(frame_id) if isinstance(frame_id, int) else None
         if pending is not None:
