@@ -483,7 +483,8 @@ async def run(run: Run) -> None:
 
 async def scenarios(scale: Scale) -> None:
     run = scale.run
-    queues = [f"scale-idle-{i}" for i in range(scale.pick(QUEUES))]
+    count = int(os.environ.get("MX_BENCH_IDLE_QUEUES", scale.pick(QUEUES)))
+    queues = [f"scale-idle-{i}" for i in range(count)]
     names = [
         f"scale idle ws connections={len(queues)} queues={len(queues)}",
         f"scale idle ws connections=100 queues={len(queues)}",

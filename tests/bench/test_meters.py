@@ -32,6 +32,8 @@ async def test_the_sampler_counts_this_databases_backends_and_not_another_ones(
         fallback = sampler._psutil_sample()
         assert our_pid in fallback
         assert other_pid not in fallback
+        # backends_only: this database's backends, without the background processes
+        assert set(PostgresSampler(postmaster, dbname, backends_only=True)()) == {our_pid}
     finally:
         await ours.close()
         await other.close()
