@@ -204,7 +204,7 @@ def test_a_websocket_nack_and_a_disconnect_expire_a_copy_past_its_expiry(
     with WsClient.admin(srv.ws_url) as ws:
         ws.subscribe(q, 2)
         first, _second = ws.deliveries_n(2)
-        time.sleep(0.4)
+        time.sleep(0.9)  # the TTL (800 ms from publish) passes while both are in flight
         assert ws.nack(first["delivery_tag"])["outcome"] == "discarded"
     # the disconnect released "two" past its expiry: it expired rather than returning
     wait_for(lambda: browse(adm, q) == [], 3, message="released copy expired")
