@@ -110,6 +110,31 @@ ORDER BY {queries.CLAIM_ORDER}
 """)
 
 
+# Drop-head in ONE statement where nothing needs the dropped rows (a limit on copies only, no
+# dead-letter target): count, then delete the head beyond :max_length, locked as HEAD locks
+# it. The count runs once per branch of the claim-order walk, each bounded by the limit; the
+# rows go by primary key (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table).
+_OVER = """GREATEST((SELECT count(*) FROM messages
+                     WHERE queue_id = :queue_id AND status = 'ready'
+                       AND available_at <= statement_timestamp()) - :max_length, 0)"""
+_TRIMMED = queries.ready_in_claim_order(
+    "id, priority, available_at", _OVER, "FOR UPDATE SKIP LOCKED"
+)
+TRIM_HEAD = text(f"""
+DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
+""")
+
+
+def _deletes_only(queue: QueueInfo) -> bool:
+    """Drop-head needs nothing of the dropped rows: TRIM_HEAD does it in one statement."""
+    arguments = queue.arguments
+    return (
+        arguments.max_length is not None
+        and arguments.max_length_bytes is None
+        and queue.dead_letter_queue_id is None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """A copy that leaves its queue by the length rule (what its x-death entry needs)."""
@@ -265,7 +290,11 @@ async def enforce(
         if not pending:
             break
         infos = [queues[i] for i in sorted(pending)]
-        sizes = await ready_sizes(conn, infos)
+        for info in [i for i in infos if _deletes_only(i)]:
+            params = {"queue_id": info.id, "max_length": info.arguments.max_length}
+            total.discarded += (await conn.execute(TRIM_HEAD, params)).rowcount
+        infos = [i for i in infos if not _deletes_only(i)]
+        sizes = await ready_sizes(conn, infos) if infos else {}
         pending = set()
         for info in infos:
             ready, ready_bytes = sizes.get(info.id, (0, 0))

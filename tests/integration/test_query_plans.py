@@ -641,10 +641,13 @@ async def test_the_length_rule_reads_only_the_limited_queue(
 
     prio = await _priority_backlog(conn)
     busy = await conn.fetchval("SELECT id FROM queues WHERE name = 'busy'")
+    # a limited queue holds few of the table's rows (the limit holds): 'probed' is 10 %
+    probed = await conn.fetchval("SELECT id FROM queues WHERE name = 'probed'")
     statements = [
         (Statement(limits.READY_SIZES), {"ids": [busy, prio], "with_bytes": [False, True]}),
         (Statement(limits.HEAD), {"queue_id": busy, "n": 10}),
         (Statement(limits.HEAD), {"queue_id": prio, "n": 10}),
+        (Statement(limits.TRIM_HEAD), {"queue_id": probed, "max_length": 4_000}),
     ]
     for statement, params in statements:
         await conn.execute(f"SET plan_cache_mode = {mode}")
