@@ -131,7 +131,7 @@ def _deletes_only(queue: QueueInfo) -> bool:
     return (
         arguments.max_length is not None
         and arguments.max_length_bytes is None
-        and queue.dead_letter_queue_id is None
+        and not has_target(queue)
     )
 
 
