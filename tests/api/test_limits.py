@@ -401,3 +401,34 @@ def test_drop_head_in_a_priority_queue_drops_in_claim_order(adm: httpx.Client) -
     assert bodies(adm, q) == ["p1", "p3"]
     got = adm.post(f"/queues/{q}/get", json={"max_messages": 2}).json()
     assert [m["body"] for m in got["messages"]] == ["p3", "p1"]
+
+
+@pytest.mark.parametrize("overflow", ["drop-head", "reject-publish-dlx"])
+def test_maxlen_dead_letters_through_a_dead_letter_exchange(
+    adm: httpx.Client, overflow: str
+) -> None:
+    """The length rule dead-letters through the retry path's one dead-lettering, so a
+    dead-letter exchange (with its routing key) receives what drop-head drops and what
+    reject-publish-dlx rejects, with x-death reason maxlen."""
+    dlx, dead, q = fresh("dlx"), fresh("dead"), fresh()
+    r = adm.put(f"/exchanges/{dlx}", json={"type": "direct"})
+    assert r.status_code == 201, r.text
+    declare_queue(adm, dead)
+    bind(adm, dlx, dead, "overflowed")
+    arguments = {
+        "x-max-length": 1,
+        "x-overflow": overflow,
+        "x-dead-letter-exchange": dlx,
+        "x-dead-letter-routing-key": "overflowed",
+    }
+    declare_queue(adm, q, arguments=arguments)
+    for i in range(3):
+        publish(adm, q, i)
+    kept, left = ([2], [0, 1]) if overflow == "drop-head" else ([0], [1, 2])
+    assert bodies(adm, q) == kept
+    moved = browse(adm, dead)
+    assert [m["body"] for m in moved] == left
+    for m in moved:
+        death = m["headers"]["x-death"][0]
+        assert (death["queue"], death["reason"]) == (q, "maxlen")
+        assert m["routing_key"] == "overflowed"
