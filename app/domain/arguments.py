@@ -19,6 +19,13 @@ from app.errors import ValidationFailed
 
 #: AMQP's ``expiration`` and ``x-message-ttl`` range: an unsigned 32-bit count of ms.
 MAX_TTL_MS = 4_294_967_295
+#: ``expiration`` in full: decimal digits (leading zeros allowed) of 0 … 4294967295 — the
+#: OpenAPI document's pattern, so that a schema-valid value is a valid one.
+EXPIRATION_PATTERN = (
+    r"^0*([0-9]{1,9}|[1-3][0-9]{9}|4[01][0-9]{8}|42[0-8][0-9]{7}|429[0-3][0-9]{6}"
+    r"|4294[0-8][0-9]{5}|42949[0-5][0-9]{4}|429496[0-6][0-9]{3}|4294967[01][0-9]{2}"
+    r"|42949672[0-8][0-9]|429496729[0-5])$"
+)
 #: ``x-expires`` has no upper bound in the contract; ~8,900 years keeps ``now() + interval``
 #: inside PostgreSQL's timestamp range.
 MAX_EXPIRES_MS = 2**48

@@ -30,7 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from app.api import codec
 from app.api.schemas.common import StrictModel
 from app.api.shortcut import FastDecoder
-from app.domain.arguments import MAX_PRIORITY, expiration_problem
+from app.domain.arguments import EXPIRATION_PATTERN, MAX_PRIORITY, expiration_problem
 from app.domain.model import (
     MAX_DELAY_MS,
     NAME_PATTERN,
@@ -113,13 +113,13 @@ class MessageProperties(StrictModel):
         ),
     ] = None
     expiration: Annotated[
-        Annotated[str, AfterValidator(_expiration)] | None,
+        Annotated[str, StringConstraints(pattern=EXPIRATION_PATTERN), AfterValidator(_expiration)]
+        | None,
         Field(
             description=(
                 "Time to live in ms as a string of decimal digits (0-4294967295), as in AMQP; "
                 "the smaller of this and the queue's x-message-ttl applies"
             ),
-            pattern=r"^[0-9]+$",
         ),
     ] = None
 

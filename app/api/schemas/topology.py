@@ -6,7 +6,7 @@ import math
 from typing import Annotated, Any
 
 from fastapi import Path, Query
-from pydantic import AfterValidator, BaseModel, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictBool
 
 from app.api.schemas.common import Name, StrictModel
 from app.broker.topology import QueueInfo
@@ -206,8 +206,29 @@ class Purged(BaseModel):
 # --------------------------------------------------------------------------- bindings
 
 
+_NAMED: dict[str, JsonValue] = {"type": "string"}
+
+
 class BindingCreate(StrictModel):
     """Exactly one of ``queue`` and ``destination_exchange`` (else 422)."""
+
+    # ...and the OpenAPI document says so, as PublishBody does for its body (``not`` and
+    # ``if``/``then`` rather than a top-level ``oneOf``, which client generators turn into an
+    # untyped body): not both named, and without a queue a destination exchange.
+    model_config = ConfigDict(
+        **StrictModel.model_config,
+        json_schema_extra={
+            "not": {
+                "properties": {"queue": _NAMED, "destination_exchange": _NAMED},
+                "required": ["queue", "destination_exchange"],
+            },
+            "if": {"not": {"properties": {"queue": _NAMED}, "required": ["queue"]}},
+            "then": {
+                "properties": {"destination_exchange": _NAMED},
+                "required": ["destination_exchange"],
+            },
+        },
+    )
 
     exchange: Name
     queue: Annotated[Name | None, Field(description="The queue bound to")] = None
