@@ -47,7 +47,14 @@ class DeliveryEngine:
         self.hub = WakeHub()
         self.registry = ConsumerRegistry()
         self.dispatcher = Dispatcher(
-            db, self.hub, self.registry, self.tasks, metrics, self.process_id
+            db,
+            self.hub,
+            self.registry,
+            self.tasks,
+            metrics,
+            self.process_id,
+            # half the hot path's pool: the other half is for publishes, ACKs and the poll
+            claim_slots=max(1, settings.db_pool_size // 2),
         )
         self.settlement = Settlement(db, self.tasks, metrics, self._after_settle)
         self.credit = Credit(db, self.registry, self.hub, self.settlement)

@@ -46,6 +46,7 @@ class Dispatcher:
         process_id: str,
         *,
         poll_interval: float = 1.0,
+        claim_slots: int = 5,
     ) -> None:
         self.db = db
         self.hub = hub
@@ -55,6 +56,12 @@ class Dispatcher:
         self.process_id = process_id
         self.poll_interval = poll_interval
         self._workers: dict[int, asyncio.Task[None]] = {}
+        #: claims (and their next-due look-ups) on the database at once, fewer than the
+        #: hot path's pool holds: a publish that wakes a thousand queues starts a thousand
+        #: claim tasks, and without a bound they would queue for every connection of the
+        #: pool ahead of the next publish and ACK (which then wait out the pool's timeout:
+        #: 503). The tasks beyond it wait here, off the pool.
+        self._claim_slots = asyncio.Semaphore(max(1, claim_slots))
         #: queues woken while their task was claiming: it claims again before it ends
         self._again: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
@@ -107,9 +114,11 @@ class Dispatcher:
     async def _run(self, queue_id: int) -> None:
         try:
             while self.registry.has_queue(queue_id):
-                self._again.discard(queue_id)
                 try:
-                    due = await self._dispatch(queue_id)
+                    async with self._claim_slots:
+                        # Wake-ups while it waited for a slot are answered by this claim.
+                        self._again.discard(queue_id)
+                        due = await self._dispatch(queue_id)
                 except Unavailable:
                     due = None  # the poll tries again
                 except Exception:
