@@ -121,6 +121,15 @@ class DeliveryEngine:
         self.hub.wake(queue_ids)
         self.cluster.tell_queues(queue_ids)
 
+    def on_delayed(self, delays: dict[int, float]) -> None:
+        """Publisher hook, after commit: queues that got only delayed copies. Local claim tasks
+        are not woken to find nothing due; the dispatcher's timer wakes them when the first
+        falls due. Pulls waiting on them wake (to wait for that due time), and the other
+        processes are told as for any publish."""
+        self.hub.wake_waiters(delays)
+        self.dispatcher.wake_later(delays)
+        self.cluster.tell_queues(set(delays))
+
     def _after_settle(self, settled: Settled) -> None:
         if settled.woken_queues:
             self.on_published(settled.woken_queues)

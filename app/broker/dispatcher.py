@@ -184,6 +184,14 @@ class Dispatcher:
         if due_now:
             self.hub.wake(due_now)
 
+    def wake_later(self, delays: Mapping[int, float]) -> None:
+        """Delayed messages were stored: wake each watched queue of ``delays`` (queue id →
+        seconds) when its first falls due. Early is harmless (the claim finds nothing and
+        reads the due time); not being woken is covered by the poll."""
+        for queue_id, seconds in delays.items():
+            if self.hub.is_watched(queue_id):
+                self._wake_at(queue_id, seconds)
+
     def _wake_at(self, queue_id: int, seconds: float) -> None:
         when = asyncio.get_running_loop().time() + seconds
         current = self._due_at.get(queue_id)

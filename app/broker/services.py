@@ -43,6 +43,7 @@ class Services:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
         await self.auth.bootstrap()
         self.publisher.add_published_listener(self.delivery.on_published)
+        self.publisher.add_delayed_listener(self.delivery.on_delayed)
         self.publisher.set_reserve(self.subscriptions.reserve)
         self.topology.add_queue_deleted_listener(self.delivery.on_queue_deleted)
         self.browser.add_deleted_listener(self.delivery.on_message_deleted)
