@@ -53,8 +53,9 @@ class DeliveryEngine:
             self.tasks,
             metrics,
             self.process_id,
-            # half the hot path's pool: the other half is for publishes, ACKs and the poll
-            claim_slots=max(1, settings.db_pool_size // 2),
+            # all but two of the hot path's pool: those two are for publishes, ACKs and
+            # look-ups, which then wait for one claim at most, never for a queue of them
+            claim_slots=max(1, settings.db_pool_size - 2),
         )
         self.settlement = Settlement(db, self.tasks, metrics, self._after_settle)
         self.credit = Credit(db, self.registry, self.hub, self.settlement)

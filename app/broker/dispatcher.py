@@ -46,7 +46,7 @@ class Dispatcher:
         process_id: str,
         *,
         poll_interval: float = 1.0,
-        claim_slots: int = 5,
+        claim_slots: int = 8,
     ) -> None:
         self.db = db
         self.hub = hub
