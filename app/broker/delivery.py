@@ -54,7 +54,15 @@ class DeliveryEngine:
         self.hub = WakeHub()
         self.registry = ConsumerRegistry()
         self.dispatcher = Dispatcher(
-            db, self.hub, self.registry, self.tasks, metrics, self.process_id
+            db,
+            self.hub,
+            self.registry,
+            self.tasks,
+            metrics,
+            self.process_id,
+            # all but two of the hot path's pool: those two are for publishes, ACKs and
+            # look-ups, which then wait for one claim at most, never for a queue of them
+            claim_slots=max(1, settings.db_pool_size - 2),
         )
         self.settlement = Settlement(db, self.tasks, metrics, self._after_settle)
         self.credit = Credit(db, self.registry, self.hub, self.settlement)
@@ -133,6 +141,15 @@ class DeliveryEngine:
         """Publisher hook, after commit: wake local dispatchers now, tell the others soon."""
         self.hub.wake(queue_ids)
         self.cluster.tell_queues(queue_ids)
+
+    def on_delayed(self, delays: dict[int, float]) -> None:
+        """Publisher hook, after commit: queues that got only delayed copies. Local claim tasks
+        are not woken to find nothing due; the dispatcher's timer wakes them when the first
+        falls due. Pulls waiting on them wake (to wait for that due time), and the other
+        processes are told as for any publish."""
+        self.hub.wake_waiters(delays)
+        self.dispatcher.wake_later(delays)
+        self.cluster.tell_queues(set(delays))
 
     def _after_settle(self, settled: Settled) -> None:
         if settled.woken_queues:

@@ -46,6 +46,7 @@ class Dispatcher:
         process_id: str,
         *,
         poll_interval: float = 1.0,
+        claim_slots: int = 8,
     ) -> None:
         self.db = db
         self.hub = hub
@@ -55,6 +56,15 @@ class Dispatcher:
         self.process_id = process_id
         self.poll_interval = poll_interval
         self._workers: dict[int, asyncio.Task[None]] = {}
+        #: claims (and their next-due look-ups) on the database at once, fewer than the
+        #: hot path's pool holds: a publish that wakes a thousand queues starts a thousand
+        #: claim tasks, and without a bound they would queue for every connection of the
+        #: pool ahead of the next publish and ACK (which then wait out the pool's timeout:
+        #: 503). The tasks beyond it wait here, off the pool.
+        self._claim_slots = asyncio.Semaphore(max(1, claim_slots))
+        #: next-due look-ups waiting for the one in flight (``_seconds_until_due``)
+        self._due_wanted: dict[int, list[asyncio.Future[float | None]]] = {}
+        self._due_looking = False
         #: queues woken while their task was claiming: it claims again before it ends
         self._again: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
@@ -111,9 +121,13 @@ class Dispatcher:
     async def _run(self, queue_id: int) -> None:
         try:
             while self.registry.has_queue(queue_id):
-                self._again.discard(queue_id)
                 try:
-                    due = await self._dispatch(queue_id)
+                    async with self._claim_slots:
+                        # Wake-ups while it waited for a slot are answered by this claim.
+                        self._again.discard(queue_id)
+                        drained = await self._dispatch(queue_id)
+                    # off the claim slot: look-ups of many queues share one statement
+                    due = await self._seconds_until_due(queue_id) if drained else None
                 except Unavailable:
                     due = None  # the poll tries again
                 except Exception:
@@ -179,6 +193,14 @@ class Dispatcher:
         if due_now:
             self.hub.wake(due_now)
 
+    def wake_later(self, delays: Mapping[int, float]) -> None:
+        """Delayed messages were stored: wake each watched queue of ``delays`` (queue id →
+        seconds) when its first falls due. Early is harmless (the claim finds nothing and
+        reads the due time); not being woken is covered by the poll."""
+        for queue_id, seconds in delays.items():
+            if self.hub.is_watched(queue_id):
+                self._wake_at(queue_id, seconds)
+
     def _wake_at(self, queue_id: int, seconds: float) -> None:
         when = asyncio.get_running_loop().time() + seconds
         current = self._due_at.get(queue_id)
@@ -205,24 +227,24 @@ class Dispatcher:
             wait = self._due[0][0] - now if self._due else 3600.0
             await wait_event(self._timer_changed, wait)
 
-    async def _dispatch(self, queue_id: int) -> float | None:
+    async def _dispatch(self, queue_id: int) -> bool:
         """Hand out until credit or ready messages run out.
 
-        Returns seconds until the next delayed message is due (0 to go again at once), or
-        None when there is nothing to wait for but a wake-up.
+        Returns True when due messages ran out (the next due time is worth looking up),
+        False when credit did (nothing to wait for but a wake-up).
         """
         while True:
             async with self.lock(queue_id):
                 order = self.registry.round_robin(queue_id, MAX_CLAIM)
                 if not order:
                     self.hub.drained(queue_id, None)
-                    return None
+                    return False
                 wakes = self.hub.wakes(queue_id)
                 if order[0].single_active:
                     found = await self._claim_single(queue_id, order)
-                    if found is None:
+                    if found is None:  # not the active one: only a wake-up can change that
                         self.hub.drained(queue_id, None)
-                        return None
+                        return False
                     order, claimed = found
                 else:
                     claimed = await deliveries.claim(
@@ -238,7 +260,7 @@ class Dispatcher:
             self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):
                 self.hub.drained(queue_id, wakes)
-                return await deliveries.seconds_until_due(self.db.hot, queue_id)
+                return True
             self.hub.drained(queue_id, None)  # it took all it could: more may wait
 
     async def _claim_single(
@@ -260,6 +282,38 @@ class Dispatcher:
             self.deposed(sub)
             return None
         return order, claimed
+
+    async def _seconds_until_due(self, queue_id: int) -> float | None:
+        """Seconds until the queue's first ready message is due (<= 0: one is), None when it
+        has none. The look-ups asked for while one is in flight go together in the next
+        (one ``READY_QUEUES_OF`` for all of them): at 1,000 queues with messages falling
+        due, one statement per claim instead of two."""
+        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self._due_wanted.setdefault(queue_id, []).append(future)
+        if not self._due_looking:
+            self._due_looking = True
+            self.tasks.spawn(self._look_up_due(), name="dispatch-due")
+        return await future
+
+    async def _look_up_due(self) -> None:
+        try:
+            while self._due_wanted:
+                wanted, self._due_wanted = self._due_wanted, {}
+                try:
+                    rows = await deliveries.ready_queues(self.db.hot, list(wanted))
+                except Exception as exc:
+                    for futures in wanted.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(exc)
+                    continue
+                found = dict(rows)
+                for queue_id, futures in wanted.items():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(found.get(queue_id))
+        finally:
+            self._due_looking = False
 
     async def reserve(self, wanted: Mapping[int, int]) -> HandOff | None:
         """Prefetch room for a publish's direct hand-off: for each queue of ``wanted`` (queue

@@ -46,8 +46,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("messagex.publisher")
 
-#: Called after each successful commit with the ids of the queues that received copies.
+#: Called after each successful commit with the ids of the queues that received copies due
+#: now (and not all handed off).
 PublishedListener = Callable[[set[int]], None]
+#: Called after each successful commit with the queues whose every copy of it is delayed:
+#: queue id → seconds until the first of them is due.
+DelayedListener = Callable[[dict[int, float]], None]
 
 #: Prefetch room for a group's direct hand-off (``Dispatcher.reserve``).
 Reserve = Callable[[Mapping[int, int]], Awaitable["HandOff | None"]]
@@ -145,6 +149,7 @@ class Publisher:
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
         self._listeners: list[PublishedListener] = []
+        self._delayed_listeners: list[DelayedListener] = []
         self._pending: list[_Request] = []
         self._flushing = False
         self.group_max = group_max
@@ -172,6 +177,12 @@ class Publisher:
         schedule tasks). Its exceptions are logged and do not fail the publish.
         """
         self._listeners.append(callback)
+
+    def add_delayed_listener(self, callback: DelayedListener) -> None:
+        """Call ``callback({queue id: seconds})`` after each commit that stored copies only
+        delayed ones in some queues (a wake-up now would find nothing due there). The same
+        rules as ``add_published_listener``."""
+        self._delayed_listeners.append(callback)
 
     # ------------------------------------------------------------------------- use cases
 
@@ -259,13 +270,14 @@ class Publisher:
             _fail(group, InternalError())
             return
         queue_ids: set[int] = set()
+        delayed: dict[int, float] = {}
         for request, plan in zip(group, plans, strict=True):
             if isinstance(plan, _Plan):
-                queue_ids |= plan.queue_ids
+                _split_delayed(plan, queue_ids, delayed)
                 request.future.set_result(self._committed(plan))
             elif not request.future.done():
                 request.future.set_exception(plan)
-        self._notify(queue_ids - handed_off)
+        self._notify(queue_ids - handed_off, delayed)
 
     async def _plan_group(self, group: list[_Request]) -> list[_Plan | BrokerError]:
         """Route every request against one snapshot of the routes (two reads at most, run
@@ -405,7 +417,7 @@ class Publisher:
         except Unavailable:
             await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
         self.limits.count_admission(admission)
-        self._notify(admission.dropped.woken)
+        self._notify(admission.dropped.woken, {})
         if admission.rejected:
             self._mark_rejected(plans, admission.rejected, infos)
 
@@ -532,14 +544,22 @@ class Publisher:
             self.metrics.unroutable.inc(plan.unroutable)
         return plan.results
 
-    def _notify(self, queue_ids: set[int]) -> None:
-        if not queue_ids:
-            return
-        for listener in self._listeners:
-            try:
-                listener(set(queue_ids))
-            except Exception:
-                log.exception("a published listener failed")
+    def _notify(self, queue_ids: set[int], delayed: dict[int, float]) -> None:
+        """``delayed``: queue id → seconds, for queues with delayed copies (those that also
+        got a copy due now, in ``queue_ids``, are woken now and left out)."""
+        if queue_ids:
+            for listener in self._listeners:
+                try:
+                    listener(set(queue_ids))
+                except Exception:
+                    log.exception("a published listener failed")
+        delayed = {q: s for q, s in delayed.items() if q not in queue_ids}
+        if delayed:
+            for delayed_listener in self._delayed_listeners:
+                try:
+                    delayed_listener(delayed)
+                except Exception:
+                    log.exception("a delayed listener failed")
 
 
 def _uuid4_strings(n: int) -> Iterator[str]:
@@ -551,6 +571,23 @@ def _uuid4_strings(n: int) -> Iterator[str]:
         raw[start + 8] = (raw[start + 8] & 0x3F) | 0x80  # RFC 4122 variant
         h = raw[start : start + 16].hex()
         yield f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _split_delayed(plan: _Plan, due_now: set[int], delayed: dict[int, float]) -> None:
+    """Add the plan's queues to ``due_now`` (a copy is due at once) or ``delayed`` (queue id
+    → the earliest delay in seconds of its copies, all delayed so far)."""
+    messages = plan.messages
+    if not any(m.delay_ms for m in messages):
+        due_now |= plan.queue_ids
+        return
+    for index, queue_id in plan.copies:
+        delay_ms = messages[index].delay_ms
+        if delay_ms == 0:
+            due_now.add(queue_id)
+        else:
+            seconds = delay_ms / 1000
+            if seconds < delayed.get(queue_id, seconds + 1):
+                delayed[queue_id] = seconds
 
 
 def _may_hand_off(message: OutgoingMessage) -> bool:

@@ -46,6 +46,7 @@ class Services:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
         await self.auth.bootstrap()
         self.publisher.add_published_listener(self.delivery.on_published)
+        self.publisher.add_delayed_listener(self.delivery.on_delayed)
         self.publisher.set_reserve(self.subscriptions.reserve)
         self.delivery.settlement.set_router(self.publisher.route_many)
         self.publisher.limits.set_dead_letter(self.delivery.settlement.dead_letter_maxlen)

@@ -45,6 +45,12 @@ class WakeHub:
                 if watcher is not None:
                     watcher(queue_id)
 
+    def wake_waiters(self, queue_ids: Iterable[int]) -> None:
+        """Wake the pulls waiting on these queues, not their watchers (the dispatcher)."""
+        for queue_id in queue_ids:
+            for event in self._events.get(queue_id, ()):
+                event.set()
+
     def wake_all(self) -> None:
         """Wake-ups may have been lost: every waiting pull wakes, the dispatcher polls."""
         self._drained.clear()

@@ -673,6 +673,25 @@ def test_delayed_message_is_neither_early_nor_late(url: str, adm: httpx.Client, 
         assert elapsed <= 0.8, elapsed  # due time + 100 ms, plus slack for CI
 
 
+def test_a_delayed_publish_wakes_no_claim_before_it_is_due(
+    srv: LiveServer, url: str, adm: httpx.Client, q: str
+) -> None:
+    # Issue 19: a claim task woken by a delayed publish finds nothing due. The publish puts
+    # the queue on the dispatcher's timer instead; its one claim is the one at the due time.
+    with WsClient.admin(url) as ws:
+        ws.subscribe(q)
+        before = claims(srv)
+        started = time.monotonic()
+        publish(adm, q, "later", delay_ms=700)
+        d = ws.delivery(timeout=5)
+        elapsed = time.monotonic() - started
+        assert d["body"] == "later"
+        assert elapsed >= 0.69, elapsed
+        assert claims(srv) - before == 1
+        ws.send_json({"type": "ACK", "delivery_tag": d["delivery_tag"]})
+    wait_for(lambda: browse(adm, q) == [], 3, message="the message acked")
+
+
 def test_ready_messages_pass_a_delayed_one(url: str, adm: httpx.Client, q: str) -> None:
     publish(adm, q, "delayed", delay_ms=60_000)
     publish(adm, q, "now")
