@@ -193,9 +193,15 @@ class Limits:
         done = await store.enforce(
             conn, infos, set(limited) | admission.dropped.woken, self._dead_letter
         )
-        admission.dropped.dead_lettered += done.dead_lettered
-        admission.dropped.discarded += done.discarded
-        admission.dropped.woken |= done.woken
+        # Queues a dead-letter exchange reached are not in the dead-letter-queue closure
+        # that ``hold`` locked: the settlement's rule covers them (locked now, in this
+        # transaction), so no commit leaves one above its limit either.
+        beyond = (admission.dropped.woken | done.woken) - infos.keys()
+        more = await self.after_ready(conn, beyond)
+        for part in (done, more):
+            admission.dropped.dead_lettered += part.dead_lettered
+            admission.dropped.discarded += part.discarded
+            admission.dropped.woken |= part.woken
 
     # -- metrics ----------------------------------------------------------------------------
 

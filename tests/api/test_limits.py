@@ -432,3 +432,19 @@ def test_maxlen_dead_letters_through_a_dead_letter_exchange(
         death = m["headers"]["x-death"][0]
         assert (death["queue"], death["reason"]) == (q, "maxlen")
         assert m["routing_key"] == "overflowed"
+
+
+def test_a_dead_letter_exchange_into_a_limited_queue_keeps_its_limit(adm: httpx.Client) -> None:
+    """Copies dropped by one queue's length rule and routed by its dead-letter exchange into
+    another limited queue make that one drop its head too, in the same commit."""
+    dlx, full, q = fresh("dlx"), fresh("full"), fresh()
+    r = adm.put(f"/exchanges/{dlx}", json={"type": "fanout"})
+    assert r.status_code == 201, r.text
+    declare_queue(adm, full, arguments={"x-max-length": 2})
+    bind(adm, dlx, full, "")
+    declare_queue(adm, q, arguments={"x-max-length": 1, "x-dead-letter-exchange": dlx})
+    for i in range(6):
+        publish(adm, q, i)
+        assert len(browse(adm, full)) <= 2
+    assert bodies(adm, q) == [5]
+    assert bodies(adm, full) == [3, 4]
