@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -31,23 +31,26 @@ from app.storage.fastpath import HotPath, jsonb_text
 Claimed = Delivery
 
 
-def claim_params(
-    *,
-    queue_id: int,
-    n: int,
-    lease_seconds: float,
-    process_id: str,
-    owners: Sequence[str] | None,
-    owner_user: str | None,
-) -> dict[str, Any]:
+class ClaimArgs(TypedDict):
+    """What one claim of ``queries.CLAIM`` is for: up to ``n`` ready copies of the queue,
+    leased for ``lease_seconds`` to ``owners`` (WebSocket connections, one a slot) or to a
+    pull consumer (``owners`` None, ``owner_user``)."""
+
+    queue_id: int
+    n: int
+    lease_seconds: float
+    process_id: str
+    owners: Sequence[str] | None
+    owner_user: str | None
+
+
+def claim_params(**args: Unpack[ClaimArgs]) -> dict[str, Any]:
     """The parameters of ``queries.CLAIM``."""
+    owners = args["owners"]
     return {
-        "queue_id": queue_id,
-        "n": n,
-        "lease_seconds": float(lease_seconds),
-        "process_id": process_id,
+        **args,
+        "lease_seconds": float(args["lease_seconds"]),
         "owners": list(owners) if owners is not None else None,
-        "owner_user": owner_user,
     }
 
 
@@ -56,25 +59,8 @@ def claimed_rows(rows: Sequence[Any]) -> list[Claimed]:
     return [Claimed(r[0] - 1, *r[1:]) for r in sorted(rows, key=lambda r: r[0])]
 
 
-async def claim(
-    hot: HotPath,
-    *,
-    queue_id: int,
-    n: int,
-    lease_seconds: float,
-    process_id: str,
-    owners: Sequence[str] | None,
-    owner_user: str | None,
-) -> list[Claimed]:
-    params = claim_params(
-        queue_id=queue_id,
-        n=n,
-        lease_seconds=lease_seconds,
-        process_id=process_id,
-        owners=owners,
-        owner_user=owner_user,
-    )
-    return claimed_rows(await hot.fetch(queries.CLAIM, params))
+async def claim(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed]:
+    return claimed_rows(await hot.fetch(queries.CLAIM, claim_params(**args)))
 
 
 async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
