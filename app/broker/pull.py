@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Unpack
 
 from app.auth.permissions import Access, require
 from app.broker.settlement import Settlement
@@ -16,7 +17,7 @@ from app.errors import NotFound, PreconditionFailed
 from app.metrics import Metrics
 from app.storage import deliveries, single_active
 from app.storage.database import Database
-from app.storage.deliveries import Claimed
+from app.storage.deliveries import ClaimArgs, Claimed
 
 
 class PullConsumers:
@@ -59,13 +60,21 @@ class PullConsumers:
         queue_id = found.id
         timeout = ack_timeout_seconds or found.ack_timeout_seconds
         lease = float(timeout or self.settings.ack_timeout_seconds)
-        claim = self._claim_single if found.single_active else self._claim
+        single = found.single_active
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         with self.hub.register(queue_id) as event:
             while True:
                 event.clear()
-                claimed = await claim(user, queue_id, max_messages, lease)
+                claimed = await self._claim(
+                    single,
+                    queue_id=queue_id,
+                    n=max_messages,
+                    lease_seconds=lease,
+                    process_id=self.process_id,
+                    owners=None,
+                    owner_user=user.username,
+                )
                 remaining = deadline - loop.time()
                 if claimed or remaining <= 0:
                     self.metrics.delivered.labels(via="pull").inc(len(claimed))
@@ -76,33 +85,18 @@ class PullConsumers:
                     wait = min(wait, max(due, 0.0))
                 await wait_event(event, wait)
 
-    async def _claim(self, user: User, queue_id: int, n: int, lease: float) -> list[Claimed]:
-        claimed = await deliveries.claim(
-            self.db.hot,
-            queue_id=queue_id,
-            n=n,
-            lease_seconds=lease,
-            process_id=self.process_id,
-            owners=None,
-            owner_user=user.username,
-        )
-        self.metrics.claims.labels(via="pull").inc()
-        return claimed
-
-    async def _claim_single(self, user: User, queue_id: int, n: int, lease: float) -> list[Claimed]:
-        """A claim from a queue with a single active consumer: 409 while it has one."""
-        claimed = await single_active.claim_pull(
-            self.db.hot,
-            queue_id=queue_id,
-            n=n,
-            lease_seconds=lease,
-            process_id=self.process_id,
-            owner_user=user.username,
-        )
-        if claimed is None:
-            raise PreconditionFailed(
-                "the queue has a single active consumer subscribed (x-single-active-consumer)"
-            )
+    async def _claim(self, single: bool, **args: Unpack[ClaimArgs]) -> list[Claimed]:
+        """One claim; from a queue with a single active consumer through its gate: 409 while
+        the queue has a subscription."""
+        if not single:
+            claimed = await deliveries.claim(self.db.hot, **args)
+        else:
+            gated = await single_active.claim_pull(self.db.hot, **args)
+            if gated is None:
+                raise PreconditionFailed(
+                    "the queue has a single active consumer subscribed (x-single-active-consumer)"
+                )
+            claimed = gated
         self.metrics.claims.labels(via="pull").inc()
         return claimed
 

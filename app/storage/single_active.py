@@ -28,13 +28,13 @@ Queues without the argument never run any of this.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.storage import presence, queries
-from app.storage.deliveries import Claimed, claim_params, claimed_rows
+from app.storage.deliveries import ClaimArgs, Claimed, claim_params, claimed_rows
 from app.storage.fastpath import HotPath, Statement
 
 # The queues' locks, in queue id order (PostgreSQL evaluates a volatile function of the
@@ -154,27 +154,11 @@ async def claim(
     return await _claim_if(hot, params, GATE, gate, passes=True)
 
 
-async def claim_pull(
-    hot: HotPath,
-    *,
-    queue_id: int,
-    n: int,
-    lease_seconds: float,
-    process_id: str,
-    owner_user: str,
-) -> list[Claimed] | None:
+async def claim_pull(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed] | None:
     """A pull claim from a single-active queue; None (claiming nothing) while the queue has a
     subscription."""
-    params = claim_params(
-        queue_id=queue_id,
-        n=n,
-        lease_seconds=lease_seconds,
-        process_id=process_id,
-        owners=None,
-        owner_user=owner_user,
-    )
-    check = {"queue_id": queue_id}
-    return await _claim_if(hot, params, HAS_SUBSCRIPTION, check, passes=False)
+    check = {"queue_id": args["queue_id"]}
+    return await _claim_if(hot, claim_params(**args), HAS_SUBSCRIPTION, check, passes=False)
 
 
 async def _claim_if(
