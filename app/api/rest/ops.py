@@ -109,7 +109,9 @@ async def metrics(services: ServicesDep) -> Response:
     summary="Broker-wide counts (admin)",
     description=(
         "Queues, exchanges (built-ins included), messages by status, and the WebSocket "
-        "connections and subscriptions of every live broker process."
+        "connections and subscriptions of every live broker process. Once the broker holds "
+        "100,000 messages or more, the message counts come from a count at most "
+        "MESSAGEX_OVERVIEW_MAX_AGE_MS (default 5000) old; the other counts are always current."
     ),
     response_model=OverviewOut,
     status_code=200,
