@@ -129,6 +129,19 @@ export class Subscription {
   }
 }
 
+/** declareQueue's options and the §13 queue arguments they stand for (RabbitMQ's names). */
+const QUEUE_ARGUMENTS = [
+  ["messageTtl", "x-message-ttl"],
+  ["expires", "x-expires"],
+  ["maxLength", "x-max-length"],
+  ["maxLengthBytes", "x-max-length-bytes"],
+  ["overflow", "x-overflow"],
+  ["maxPriority", "x-max-priority"],
+  ["singleActiveConsumer", "x-single-active-consumer"],
+  ["deadLetterExchange", "x-dead-letter-exchange"],
+  ["deadLetterRoutingKey", "x-dead-letter-routing-key"],
+];
+
 export class Client extends EventTarget {
   /**
    * @param {object} options
@@ -253,6 +266,35 @@ export class Client extends EventTarget {
     const body = { type, durable, auto_delete, arguments: { ...args } };
     if (alternateExchange !== undefined) body.arguments["alternate-exchange"] = alternateExchange;
     return this._rest("PUT", `/exchanges/${encodeURIComponent(name)}`, body);
+  }
+
+  /**
+   * Declare a queue (contract §5, §13). The §13 arguments may be given by name —
+   * messageTtl (x-message-ttl, ms), expires (x-expires, ms), maxLength (x-max-length),
+   * maxLengthBytes (x-max-length-bytes), overflow (x-overflow), maxPriority (x-max-priority),
+   * singleActiveConsumer (x-single-active-consumer), deadLetterExchange
+   * (x-dead-letter-exchange), deadLetterRoutingKey (x-dead-letter-routing-key) — or in
+   * `arguments` under their RabbitMQ names. Resolves with the queue and its stats.
+   */
+  declareQueue(name, options = {}) {
+    const {
+      durable = true, max_delivery_count = null, dead_letter_queue = null,
+      ack_timeout_seconds = null, arguments: args = {},
+    } = options;
+    const body = { durable, max_delivery_count, dead_letter_queue, ack_timeout_seconds, arguments: { ...args } };
+    for (const [option, key] of QUEUE_ARGUMENTS) {
+      if (options[option] !== undefined) body.arguments[key] = options[option];
+    }
+    return this._rest("PUT", `/queues/${encodeURIComponent(name)}`, body);
+  }
+
+  /** Delete a queue (optionally only if it is empty / unused). */
+  deleteQueue(name, { ifEmpty = false, ifUnused = false } = {}) {
+    const query = new URLSearchParams();
+    if (ifEmpty) query.set("if_empty", "true");
+    if (ifUnused) query.set("if_unused", "true");
+    const suffix = query.size ? `?${query}` : "";
+    return this._rest("DELETE", `/queues/${encodeURIComponent(name)}${suffix}`);
   }
 
   /** Delete an exchange and the bindings it is source or destination of. */

@@ -290,6 +290,41 @@ async def test_topology_binds_exchanges_and_names_an_alternate(
         await top.delete_exchange("topo-down")
 
 
+async def test_topology_declares_a_queue_with_its_section_13_arguments(mx: Client) -> None:
+    """§13 through the client: typed keywords become the RabbitMQ-named arguments, a wrong
+    one is ValidationFailed naming it, a different re-declaration PreconditionFailed."""
+    from messagex_client.errors import BrokerError
+
+    top = mx.topology
+    made = await top.declare_queue(
+        "topo-args",
+        message_ttl_ms=60000,
+        max_length=2,
+        overflow="reject-publish",
+        max_priority=5,
+        single_active_consumer=True,
+    )
+    assert made["arguments"] == {
+        "x-message-ttl": 60000,
+        "x-max-length": 2,
+        "x-overflow": "reject-publish",
+        "x-max-priority": 5,
+        "x-single-active-consumer": True,
+    }
+    for n in range(3):
+        result = await mx.publish(None, n, queue="topo-args", priority=n)
+        assert result.rejected == ([] if n < 2 else ["topo-args"])
+    with pytest.raises(BrokerError, match="x-max-priority") as bad:
+        await top.declare_queue("topo-bad", max_priority=300)
+    assert bad.value.code == "validation_error"
+    with pytest.raises(BrokerError) as differs:
+        await top.declare_queue("topo-args", max_length=3)
+    assert differs.value.code == "precondition_failed"
+    await top.delete_queue("topo-args")
+    with pytest.raises(NotFound):
+        await top.delete_queue("topo-args")
+
+
 async def test_single_active_consumer_waits_then_becomes_active(
     broker: LiveServer, mx: Client, rest: httpx.AsyncClient
 ) -> None:

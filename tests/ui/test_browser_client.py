@@ -164,6 +164,42 @@ def test_username_and_password_work_too(blank: Page, rest: httpx.Client) -> None
     assert result == {"user": ADMIN_USER, "routed": True, "state": "closed"}
 
 
+def test_declare_queue_with_section_13_arguments_through_the_client(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    """§13 from the browser client: declareQueue's named options become the RabbitMQ-named
+    arguments; a wrong one is rejected with the broker's code; deleteQueue removes it."""
+    result = blank.evaluate(
+        """
+        async ({ token }) => {
+          const { Client } = await import('/static/messagex.js');
+          const mx = new Client({ token });
+          await mx.connect();
+          const q = await mx.declareQueue('bc-args', {
+            messageTtl: 60000, maxLength: 1, overflow: 'reject-publish', maxPriority: 3 });
+          const first = await mx.publish({ queue: 'bc-args', body: 1 });
+          const second = await mx.publish({ queue: 'bc-args', body: 2 });
+          let bad = null;
+          try { await mx.declareQueue('bc-bad', { maxPriority: 0 }); } catch (e) { bad = e.code; }
+          await mx.deleteQueue('bc-args');
+          mx.close();
+          return { args: q.arguments, first: first.rejected, second: second.rejected, bad };
+        }
+        """,
+        {"token": token},
+    )
+    assert result["args"] == {
+        "x-message-ttl": 60000,
+        "x-max-length": 1,
+        "x-overflow": "reject-publish",
+        "x-max-priority": 3,
+    }
+    assert result["first"] == []
+    assert result["second"] == ["bc-args"]
+    assert result["bad"] == "validation_error"
+    assert rest.get("/queues/bc-args").status_code == 404
+
+
 def test_exchange_bindings_and_alternates_through_the_client(
     blank: Page, token: str, rest: httpx.Client
 ) -> None:

@@ -1,5 +1,6 @@
-"""Exchanges and bindings over the broker's REST API (contract §4, §6, §14): declare an
-exchange (with its alternate exchange), bind a queue or another exchange, list and delete
+"""Queues, exchanges and bindings over the broker's REST API (contract §4-§6, §13, §14):
+declare a queue with its §13 arguments, declare an exchange (with its alternate exchange),
+bind a queue or another exchange, list and delete
 bindings. The standard library's HTTP client, run in a thread: no dependency beyond the
 WebSocket client's. Errors are the client's :class:`~messagex_client.errors.BrokerError`
 classes, by the problem's ``code``.
@@ -18,6 +19,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 from messagex_client.errors import BrokerError, error_from_frame
 
 ExchangeType = Literal["direct", "fanout", "topic", "headers"]
+Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
 
 #: The exchange argument naming its alternate exchange (RabbitMQ's name).
 ALTERNATE_EXCHANGE = "alternate-exchange"
@@ -84,6 +86,61 @@ class Topology:
         body = {"type": type, "durable": durable, "auto_delete": auto_delete, "arguments": args}
         result: dict[str, Any] = await self._call("PUT", f"/exchanges/{quote(name, safe='')}", body)
         return result
+
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        max_delivery_count: int | None = None,
+        dead_letter_queue: str | None = None,
+        ack_timeout_seconds: int | None = None,
+        message_ttl_ms: int | None = None,
+        expires_ms: int | None = None,
+        max_length: int | None = None,
+        max_length_bytes: int | None = None,
+        overflow: Overflow | None = None,
+        max_priority: int | None = None,
+        single_active_consumer: bool | None = None,
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``PUT /queues/{name}``: the queue with its stats (created, or identical already).
+        The keyword arguments after ``ack_timeout_seconds`` are contract §13's queue
+        arguments under their RabbitMQ names (``message_ttl_ms`` → ``x-message-ttl``,
+        ``max_priority`` → ``x-max-priority``, …); ``None`` leaves one out. A wrong one is a
+        BrokerError with code ``validation_error`` naming it; a different re-declaration,
+        ``precondition_failed``."""
+        args = dict(arguments or {})
+        for key, value in (
+            ("x-message-ttl", message_ttl_ms),
+            ("x-expires", expires_ms),
+            ("x-max-length", max_length),
+            ("x-max-length-bytes", max_length_bytes),
+            ("x-overflow", overflow),
+            ("x-max-priority", max_priority),
+            ("x-single-active-consumer", single_active_consumer),
+            ("x-dead-letter-exchange", dead_letter_exchange),
+            ("x-dead-letter-routing-key", dead_letter_routing_key),
+        ):
+            if value is not None:
+                args[key] = value
+        body = {
+            "durable": durable,
+            "max_delivery_count": max_delivery_count,
+            "dead_letter_queue": dead_letter_queue,
+            "ack_timeout_seconds": ack_timeout_seconds,
+            "arguments": args,
+        }
+        result: dict[str, Any] = await self._call("PUT", f"/queues/{quote(name, safe='')}", body)
+        return result
+
+    async def delete_queue(
+        self, name: str, *, if_empty: bool = False, if_unused: bool = False
+    ) -> None:
+        query = {k: "true" for k, on in (("if_empty", if_empty), ("if_unused", if_unused)) if on}
+        await self._call("DELETE", f"/queues/{quote(name, safe='')}", query=query)
 
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and the bindings it is source or destination of."""
