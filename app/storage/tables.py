@@ -191,6 +191,8 @@ messages = Table(
     # Claim priority in a queue with x-max-priority (QueueArguments.priority_of); NULL in
     # every other queue, whose rows so never enter ix_messages_priority (migration 0007).
     Column("priority", SmallInteger, nullable=True),
+    # properties.group_id (contract §16), NULL when absent (migration 0011).
+    Column("group_id", Text, nullable=True),
     CheckConstraint("status IN ('ready', 'in_flight', 'dead')", name="status"),
     # In flight exactly when a tag is set, and exactly when a lease is: settling by (id, tag)
     # needs no status test (storage/deliveries.py, ACK_MANY; migration 0003).
@@ -317,6 +319,23 @@ single_active_holders = Table(
     Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
     Column("connection_id", UUID(as_uuid=False), nullable=False),
     _ts("since"),
+)
+
+publish_dedup = Table(
+    "publish_dedup",
+    metadata,
+    # Queues with x-deduplication-window-seconds (contract §15): the message_ids published
+    # into each within its window; a publish claims its row with INSERT ... ON CONFLICT
+    # (migration 0011 says how), rows older than the window are swept.
+    Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
+    Column("message_id", Text, primary_key=True),
+    Column(
+        "published_at",
+        DateTime(timezone=True),
+        nullable=False,
+        server_default=text("statement_timestamp()"),
+    ),
+    Index(None, "published_at"),
 )
 
 websocket_connections = Table(
