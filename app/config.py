@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     #: how old the message counts of ``/overview`` may be once there are 100,000 messages
     #: or more (counting them is slow); 0 counts them for every request
     overview_max_age_ms: Annotated[int, Field(ge=0)] = 5000
+    #: ``/metrics`` exports per-queue gauges for at most this many queues (the deepest); 0: none
+    metrics_max_queues: Annotated[int, Field(ge=0, le=100_000)] = 1000
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from app.domain.model import QueueStats
+
+# Counters and histograms get no ``_created`` series: they double the exposition and
+# Prometheus ignores them (process-wide; prometheus_client >= 0.17).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:
@@ -104,6 +122,37 @@ class Metrics:
             "messagex_http_request_seconds", "HTTP request latency", ["route"], registry=r
         )
         self.auth_failures = Counter("messagex_auth_failures", "Failed authentications", registry=r)
+        self.queues = Gauge(
+            "messagex_queues",
+            "Queues in the broker (all processes; per-queue series cover at most "
+            "MESSAGEX_METRICS_MAX_QUEUES of them, the deepest)",
+            registry=r,
+        )
+        self.queue_messages = Gauge(
+            "messagex_queue_messages",
+            "Copies in a queue by status (ready, delayed, in_flight, dead), counted in the "
+            "database at most every 5 s: the same on every broker process",
+            ["queue", "status"],
+            registry=r,
+        )
+        self.queue_consumers = Gauge(
+            "messagex_queue_consumers",
+            "Live WebSocket subscriptions of a queue on every broker process",
+            ["queue"],
+            registry=r,
+        )
+
+    def set_queue_gauges(self, total: int, deepest: Sequence[tuple[str, QueueStats]]) -> None:
+        """Replace the per-queue series by ``deepest`` (queue name, stats)."""
+        self.queues.set(total)
+        self.queue_messages.clear()
+        self.queue_consumers.clear()
+        for name, stats in deepest:
+            for status, value in asdict(stats).items():
+                if status == "consumers":
+                    self.queue_consumers.labels(queue=name).set(value)
+                else:
+                    self.queue_messages.labels(queue=name, status=status).set(value)
 
     def render(self) -> bytes:
         out: bytes = generate_latest(self.registry)

@@ -11,8 +11,10 @@ from app import __version__
 from app.auth import permissions
 from app.domain.model import User
 from app.errors import Unavailable
+from app.metrics import Metrics
 from app.storage import migrations
 from app.storage import overview as sql
+from app.storage import topology as store
 from app.storage.database import Database
 from app.storage.overview import MessageCounts
 
@@ -29,6 +31,8 @@ READY_TIMEOUT_SECONDS = 2.0
 CACHE_FROM_MESSAGES = 100_000
 #: a cached count is refreshed (in the background) once it is older than this
 REFRESH_AFTER_SECONDS = 1.0
+#: ``/metrics`` counts the queues' copies at most this often (scrapes in between reuse it)
+QUEUE_GAUGES_MAX_AGE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +75,12 @@ class OverviewService:
         ready_timeout: float = READY_TIMEOUT_SECONDS,
         max_age: float = 0.0,
         cache_from: int = CACHE_FROM_MESSAGES,
+        queue_gauges: int = 1000,
     ) -> None:
         self.db = db
+        self.queue_gauges = queue_gauges
+        self._gauges_at: float | None = None
+        self._gauges_lock = asyncio.Lock()
         self.ready_timeout = ready_timeout
         self.max_age = max_age
         self.cache_from = cache_from
@@ -124,6 +132,22 @@ class OverviewService:
             connections=resources.connections,
             subscriptions=resources.subscriptions,
         )
+
+    async def export_queue_gauges(self, metrics: Metrics) -> None:
+        """Set the per-queue gauges of ``metrics`` (copies by status, live consumers) for
+        the ``queue_gauges`` deepest queues, from one statement at most every
+        ``QUEUE_GAUGES_MAX_AGE_SECONDS``: a scrape in between, or one that waits for a
+        concurrent scrape's count, exports that count. A queue that drops out (deleted, or
+        no longer among the deepest) loses its series."""
+        async with self._gauges_lock:
+            now = time.monotonic()
+            at = self._gauges_at
+            if at is not None and now - at < QUEUE_GAUGES_MAX_AGE_SECONDS:
+                return
+            async with self.db.connect() as conn:
+                total, deepest = await store.deepest_queues(conn, self.queue_gauges)
+            metrics.set_queue_gauges(total, deepest)
+            self._gauges_at = now
 
     def _usable_count(self) -> _Counted | None:
         """The last message count if it may be answered (of a big table, recent enough)."""

@@ -98,7 +98,11 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
             routing_cache_bindings=settings.routing_cache_bindings,
         ),
         browser=MessageBrowser(db),
-        ops=OverviewService(db, max_age=settings.overview_max_age_ms / 1000),
+        ops=OverviewService(
+            db,
+            max_age=settings.overview_max_age_ms / 1000,
+            queue_gauges=settings.metrics_max_queues,
+        ),
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,

@@ -453,15 +453,10 @@ def _live_subscriptions(queue_id: Any) -> Any:
     )
 
 
-async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, QueueStats]:
-    """Stats of the named queues, in ONE statement whatever their number.
-
-    Two LATERAL aggregates per queue: message counts by status (through ix_messages_queue)
-    and live consumers. ``delayed`` is derived: ready with ``available_at`` still ahead of
-    the database clock. Missing queues are simply absent from the result.
-    """
-    if not names:
-        return {}
+def _stats_columns() -> tuple[Any, Any]:
+    """Two LATERAL aggregates of a queue row ``_q``: its message counts by status (through
+    ix_messages_queue) and its live consumers. ``delayed`` is derived: ready with
+    ``available_at`` still ahead of the database clock."""
     ready = _m.c.status == MessageStatus.READY.value
     counts = (
         select(
@@ -479,21 +474,49 @@ async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, 
         .where(_s.c.queue_id == _q.c.id, is_live(_p.c.heartbeat_at))
         .lateral("consumers")
     )
+    return counts, consumers
+
+
+def _stats_of(row: Any) -> QueueStats:
+    return QueueStats(
+        ready=row.ready,
+        delayed=row.delayed,
+        in_flight=row.in_flight,
+        dead=row.dead,
+        consumers=row.consumers,
+    )
+
+
+async def queue_stats(conn: AsyncConnection, names: Sequence[str]) -> dict[str, QueueStats]:
+    """Stats of the named queues, in ONE statement whatever their number (``_stats_columns``).
+    Missing queues are simply absent from the result."""
+    if not names:
+        return {}
+    counts, consumers = _stats_columns()
     stmt = (
         select(_q.c.name, counts, consumers)
         .select_from(_q.join(counts, true()).join(consumers, true()))
         .where(_q.c.name.in_(list(names)))
     )
-    return {
-        row.name: QueueStats(
-            ready=row.ready,
-            delayed=row.delayed,
-            in_flight=row.in_flight,
-            dead=row.dead,
-            consumers=row.consumers,
-        )
-        for row in await conn.execute(stmt)
-    }
+    return {row.name: _stats_of(row) for row in await conn.execute(stmt)}
+
+
+async def deepest_queues(
+    conn: AsyncConnection, limit: int
+) -> tuple[int, list[tuple[str, QueueStats]]]:
+    """The number of queues, and the stats of the ``limit`` queues holding the most copies
+    (then by name), in ONE statement: what ``/metrics`` exports per queue."""
+    counts, consumers = _stats_columns()
+    depth = counts.c.ready + counts.c.delayed + counts.c.in_flight + counts.c.dead
+    stmt = (
+        select(_q.c.name, counts, consumers, func.count().over().label("queues"))
+        .select_from(_q.join(counts, true()).join(consumers, true()))
+        .order_by(depth.desc(), _q.c.name.collate("C"))
+        .limit(limit)
+    )
+    rows = (await conn.execute(stmt)).all()
+    total = rows[0].queues if rows else await conn.scalar(select(func.count()).select_from(_q))
+    return int(total or 0), [(row.name, _stats_of(row)) for row in rows]
 
 
 # x-expires: still past its deadline and unsubscribed, once the queue row is locked (a

@@ -13,13 +13,18 @@ import pytest
 from app import __version__
 from app.storage.dsn import asyncpg_dsn
 from tests.support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
     LiveServer,
     PgCluster,
     admin_sql,
     client,
     metric,
+    running_server,
     wait_for,
 )
+from tests.support import test_settings as settings_for
+from tests.wsclient import WsClient, declare_queue, publish
 
 PROBLEM = "application/problem+json"
 
@@ -111,6 +116,44 @@ def test_metrics_label_requests_by_route_template(server: LiveServer, admin: htt
         == 2.0
     )
     assert "metrics-probe-q" not in text
+
+
+def test_metrics_export_per_queue_depth_and_consumers(
+    server: LiveServer, admin: httpx.Client
+) -> None:
+    declare_queue(admin, "depth-deep")
+    declare_queue(admin, "depth-idle")
+    for body in range(3):
+        publish(admin, "depth-deep", body)
+    publish(admin, "depth-deep", "later", delay_ms=600_000)
+    with WsClient.admin(server.ws_url) as ws:
+        ws.subscribe("depth-idle", 4)
+        text = httpx.get(f"{server.base_url}/metrics").text
+    assert metric(text, "messagex_queues") == 2.0
+    assert metric(text, "messagex_queue_messages", queue="depth-deep", status="ready") == 3.0
+    assert metric(text, "messagex_queue_messages", queue="depth-deep", status="delayed") == 1.0
+    assert metric(text, "messagex_queue_messages", queue="depth-deep", status="in_flight") == 0.0
+    assert metric(text, "messagex_queue_messages", queue="depth-idle", status="ready") == 0.0
+    assert metric(text, "messagex_queue_consumers", queue="depth-idle") == 1.0
+    assert metric(text, "messagex_queue_consumers", queue="depth-deep") == 0.0
+    # prometheus_client's _created series are off: they double the exposition for nothing.
+    assert "_created" not in text
+
+
+def test_metrics_export_only_the_deepest_queues_up_to_the_cap(database_url: str) -> None:
+    settings = settings_for(database_url, metrics_max_queues=1)
+    with (
+        running_server(settings) as live,
+        client(live.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as admin,
+    ):
+        for name in ("cap-a", "cap-b", "cap-c"):
+            declare_queue(admin, name)
+        publish(admin, "cap-b", "x")
+        text = httpx.get(f"{live.base_url}/metrics").text
+    assert metric(text, "messagex_queues") == 3.0
+    assert metric(text, "messagex_queue_messages", queue="cap-b", status="ready") == 1.0
+    assert 'queue="cap-a"' not in text
+    assert 'queue="cap-c"' not in text
 
 
 # --- overview -----------------------------------------------------------------------------

@@ -89,7 +89,11 @@ async def readyz(services: ServicesDep) -> ReadyOut:
     "/metrics",
     name="metrics",
     summary="Prometheus metrics",
-    description="The broker process's metrics in the Prometheus text exposition format.",
+    description=(
+        "The broker process's metrics in the Prometheus text exposition format, with "
+        "per-queue gauges (copies by status, consumers) for the MESSAGEX_METRICS_MAX_QUEUES "
+        "deepest queues, counted at most every 5 s."
+    ),
     response_class=Response,
     status_code=200,
     responses={
@@ -100,6 +104,7 @@ async def readyz(services: ServicesDep) -> ReadyOut:
     },
 )
 async def metrics(services: ServicesDep) -> Response:
+    await services.ops.export_queue_gauges(services.metrics)
     return Response(services.metrics.render(), media_type=PROMETHEUS_TEXT)
 
 
