@@ -58,8 +58,9 @@ lint: sync ## ruff check, ruff format --check, mypy --strict, import-linter
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-openapi: sync ## Regenerate openapi/openapi.json from the app
+openapi: sync ## Regenerate openapi/openapi.json and openapi/asyncapi.json from the app
 	$(BIN)/messagex openapi --output openapi/openapi.json
+	$(BIN)/messagex asyncapi --output openapi/asyncapi.json
 
 migrate: sync ## Migrate the database (DATABASE_URL, or the embedded one) to the latest schema
 	MESSAGEX_DATA_DIR="$(MESSAGEX_DATA_DIR)" $(BIN)/messagex migrate $(ARGS)

@@ -1,4 +1,4 @@
-"""``messagex serve | migrate | openapi``."""
+"""``messagex serve | migrate | openapi | asyncapi``."""
 
 from __future__ import annotations
 
@@ -60,12 +60,22 @@ def openapi_document(settings: Settings) -> str:
 
 
 def _openapi(settings: Settings, args: argparse.Namespace) -> int:
-    text = openapi_document(settings)
-    if args.output == "-":
+    _write(args.output, openapi_document(settings))
+    return 0
+
+
+def _asyncapi(settings: Settings, args: argparse.Namespace) -> int:
+    from app.api.asyncapi import document
+
+    _write(args.output, json.dumps(document(), indent=2, sort_keys=False) + "\n")
+    return 0
+
+
+def _write(output: str, text: str) -> None:
+    if output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
-    return 0
+        Path(output).write_text(text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
     oa = sub.add_parser("openapi", help="write the OpenAPI document")
     oa.add_argument("--output", "-o", default="openapi/openapi.json", help="file, or - for stdout")
     oa.set_defaults(func=_openapi)
+    aa = sub.add_parser("asyncapi", help="write the WebSocket protocol's AsyncAPI document")
+    aa.add_argument("--output", "-o", default="openapi/asyncapi.json", help="file, or - for stdout")
+    aa.set_defaults(func=_asyncapi)
     return p
 
 

@@ -115,3 +115,12 @@ def adm(srv: LiveServer) -> Iterator[httpx.Client]:
     """An admin client (HTTP Basic) of the module's shared server."""
     with client(srv.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as c:
         yield c
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many WebSocket frames were checked against openapi/asyncapi.json."""
+    from tests.asyncapi_check import COUNTS
+
+    if COUNTS:
+        counts = ", ".join(f"{n:,} {what}" for what, n in sorted(COUNTS.items()))
+        terminalreporter.write_line(f"AsyncAPI: {counts}")

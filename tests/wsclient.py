@@ -25,6 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
 from app.broker.wakeups import WakeHub
+from tests.asyncapi_check import check_client_frame, check_server_frame
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer
 
 DELIVERED = "MESSAGE_DELIVERED"
@@ -94,6 +95,7 @@ class WsClient:
     # -- raw frames -------------------------------------------------------------------------
 
     def send_json(self, frame: dict[str, Any]) -> None:
+        check_client_frame(frame)
         self.ws.send(orjson.dumps(frame).decode())
 
     def send_raw(self, data: str | bytes) -> None:
@@ -106,6 +108,7 @@ class WsClient:
         frame = json.loads(data)  # the stdlib: integers beyond 64 bits stay exact
         assert isinstance(frame, dict), frame
         assert isinstance(frame.get("type"), str), frame
+        check_server_frame(frame)
         return frame
 
     # -- waiting for frames -----------------------------------------------------------------

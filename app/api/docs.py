@@ -1,4 +1,5 @@
-"""``/docs``: Swagger UI for the OpenAPI document, entirely from the package.
+"""``/docs``: Swagger UI for the OpenAPI document, entirely from the package; and
+``/asyncapi.json``, the WebSocket protocol's AsyncAPI document (``app.api.asyncapi``).
 
 FastAPI's own page loads Swagger UI from a CDN, without integrity hashes or a
 Content-Security-Policy, and does not work offline. Here its assets are vendored under
@@ -16,8 +17,9 @@ from functools import lru_cache
 from html import escape
 
 from fastapi import APIRouter
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from app.api import asyncapi
 from app.api.ui import SECURITY_HEADERS, STATIC_DIR
 
 SWAGGER_VERSION = "5.35.0"
@@ -56,6 +58,17 @@ def page() -> str:
 </body>
 </html>
 """
+
+
+@lru_cache(maxsize=1)
+def asyncapi_document() -> dict[str, object]:
+    return asyncapi.document()
+
+
+@router.get("/asyncapi.json", name="asyncapi")
+async def asyncapi_json() -> Response:
+    """The WebSocket protocol's AsyncAPI 3.0 document (``openapi/asyncapi.json``)."""
+    return JSONResponse(asyncapi_document())
 
 
 @router.get("/docs", name="api_docs")

@@ -162,7 +162,12 @@ function renderNav() {
   const links = PAGES.filter(([, , role]) => !role || user.role === role).map(([page, label]) =>
     h("li", null, h("a", { href: route(page), dataset: { page } }, label)),
   );
-  fill(els.nav, h("ul", null, links));
+  // The API documents: REST (Swagger UI over /openapi.json) and WebSocket (AsyncAPI 3.0).
+  const docs = [
+    ["/docs", "REST API"],
+    ["/asyncapi.json", "WebSocket API"],
+  ].map(([href, label]) => h("li", { class: "doc-link" }, h("a", { href, target: "_blank" }, label)));
+  fill(els.nav, h("ul", null, [...links, ...docs]));
   fill(
     els.who,
     h("span", null, `${user.username} (${user.role})`),
