@@ -13,13 +13,14 @@ at ``/asyncapi.json``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from app import __version__
 from app.api.schemas.common import DeliveryTag
+from app.api.schemas.consume import Delivered
 from app.api.ws import frames
 
 REF = "#/components/schemas/{model}"
@@ -115,25 +116,15 @@ class ErrorFrame(_Reply):
     )
 
 
-class MessageDeliveredFrame(_ServerFrame):
-    """A delivery. Exactly one of ``body`` and ``body_base64`` is present."""
+class MessageDeliveredFrame(Delivered):
+    """A delivery: the fields of a pulled message (``Delivered``) and ``type``. Exactly one of
+    ``body`` and ``body_base64`` is present."""
 
     model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["body"]}, {"required": ["body_base64"]}]}
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["body"]}, {"required": ["body_base64"]}]},
     )
     type: Literal["MESSAGE_DELIVERED"]
-    queue: str
-    exchange: str
-    routing_key: str
-    body: Any = None
-    body_base64: str | None = None
-    headers: dict[str, Any]
-    properties: dict[str, Any]
-    message_id: str
-    delivery_tag: str
-    delivery_count: Annotated[int, Field(ge=1)]
-    redelivered: bool
-    created_at: str = Field(description="RFC 3339, UTC")
 
 
 class SubscriptionCancelledFrame(_ServerFrame):
