@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     overview_max_age_ms: Annotated[int, Field(ge=0)] = 5000
     #: ``/metrics`` exports per-queue gauges for at most this many queues (the deepest); 0: none
     metrics_max_queues: Annotated[int, Field(ge=0, le=100_000)] = 1000
+    #: OpenTelemetry spans for publish, delivery and settlement (needs ``messagex[otel]``)
+    tracing: bool = False
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     #: Argon2id cost of new password hashes (RFC 9106 "second recommended" by default);

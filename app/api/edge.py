@@ -42,6 +42,7 @@ from app.api.schemas.common import MAX_TAG
 from app.api.schemas.messages import PUBLISH, PUBLISH_BATCH, result_fields
 from app.broker.services import Services
 from app.domain.model import NAME_PATTERN, OutgoingMessage, PublishResult, User
+from app.domain.tracecontext import with_trace_context
 from app.errors import BrokerError
 
 _NAME = re.compile(NAME_PATTERN)
@@ -87,7 +88,7 @@ class Publish:
             return
         scope[TEMPLATE_KEY] = hot.template
         try:
-            content = await self._publish(services, user, name, decoded)
+            content = await self._publish(services, user, name, decoded, _trace_context(scope))
         except BrokerError as exc:
             await broker_error_response(exc)(scope, receive, send)
             return
@@ -101,9 +102,10 @@ class Publish:
         user: User,
         name: str,
         decoded: OutgoingMessage | list[OutgoingMessage],
+        trace: tuple[str | None, str | None],
     ) -> bytes:
         """Publish as ``user``; the response body. Raises BrokerError."""
-        messages = decoded if isinstance(decoded, list) else [decoded]
+        messages = with_trace_context(decoded if isinstance(decoded, list) else [decoded], *trace)
         if self.to_queue:
             results = await services.publisher.publish_to_queue(user, name, messages)
         else:
@@ -219,6 +221,17 @@ def _services(scope: Scope) -> Services | None:
     """The app's services, once the lifespan has built them."""
     services: Services | None = getattr(getattr(scope.get("app"), "state", None), "services", None)
     return services
+
+
+def _trace_context(scope: Scope) -> tuple[str | None, str | None]:
+    """The request's W3C ``traceparent`` and ``tracestate`` headers (app.domain.tracecontext)."""
+    traceparent = tracestate = None
+    for key, value in scope["headers"]:
+        if key == b"traceparent":
+            traceparent = value.decode("latin-1")
+        elif key == b"tracestate":
+            tracestate = value.decode("latin-1")
+    return traceparent, tracestate
 
 
 def _authorization(scope: Scope) -> str | None:

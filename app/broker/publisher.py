@@ -40,6 +40,7 @@ from app.metrics import Metrics
 from app.storage import limits as limits_store
 from app.storage import messages as store
 from app.storage.database import Database
+from app.telemetry import Tracing
 
 if TYPE_CHECKING:
     from app.broker.dispatcher import HandOff
@@ -146,6 +147,8 @@ class Publisher:
     ) -> None:
         self.db = db
         self.metrics = metrics
+        #: OpenTelemetry spans (app.telemetry), or None
+        self.tracing: Tracing | None = None
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
         self._listeners: list[PublishedListener] = []
@@ -191,7 +194,10 @@ class Publisher:
     ) -> list[PublishResult]:
         """Publish ``messages`` to an exchange, atomically; results in order."""
         require(actor, Access.WRITE, exchange_name, "exchange")
-        return await self._submit(_Request(exchange_name, None, self._prepare(messages)))
+        if self.tracing is None:
+            return await self._submit(_Request(exchange_name, None, self._prepare(messages)))
+        with self.tracing.publishing(exchange_name, messages) as traced:
+            return await self._submit(_Request(exchange_name, None, self._prepare(traced)))
 
     async def publish_to_queue(
         self, actor: User, queue_name: str, messages: Sequence[OutgoingMessage]
@@ -199,8 +205,12 @@ class Publisher:
         """Publish straight into a queue (the default exchange): exchange ``""``, routing key
         the queue's name, no routing. A missing queue is 404."""
         require(actor, Access.WRITE, queue_name, "queue")
-        prepared = [m.evolve(routing_key=queue_name) for m in self._prepare(messages)]
-        return await self._submit(_Request(None, queue_name, prepared))
+        if self.tracing is None:
+            prepared = [m.evolve(routing_key=queue_name) for m in self._prepare(messages)]
+            return await self._submit(_Request(None, queue_name, prepared))
+        with self.tracing.publishing(queue_name, messages) as traced:
+            prepared = [m.evolve(routing_key=queue_name) for m in self._prepare(traced)]
+            return await self._submit(_Request(None, queue_name, prepared))
 
     async def route_many(
         self, exchange: str, items: Sequence[tuple[str, Mapping[str, Any]]]

@@ -16,6 +16,7 @@ from app.broker.topology import TopologyService
 from app.config import Settings
 from app.metrics import Metrics
 from app.storage.database import Database
+from app.telemetry import Tracing, load_tracing
 
 #: expired sessions are deleted (and their sockets closed) this often
 SESSION_SWEEP_SECONDS = 60.0
@@ -41,6 +42,8 @@ class Services:
     pull: PullConsumers
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
+    #: OpenTelemetry spans (MESSAGEX_TRACING), or None: the hot paths test only this
+    tracing: Tracing | None = None
 
     async def start(self) -> None:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
@@ -83,20 +86,23 @@ class Services:
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:
     metrics = Metrics()
     delivery = DeliveryEngine(db, settings, metrics, database_url)
+    tracing = load_tracing(settings.tracing)
+    publisher = Publisher(
+        db,
+        metrics,
+        max_message_bytes=settings.max_message_bytes,
+        max_header_bytes=settings.max_header_bytes,
+        group_max=settings.publish_group_max,
+        routing_cache_bindings=settings.routing_cache_bindings,
+    )
+    publisher.tracing = tracing
     return Services(
         settings=settings,
         db=db,
         metrics=metrics,
         auth=AuthService(db, settings, metrics),
         topology=TopologyService(db),
-        publisher=Publisher(
-            db,
-            metrics,
-            max_message_bytes=settings.max_message_bytes,
-            max_header_bytes=settings.max_header_bytes,
-            group_max=settings.publish_group_max,
-            routing_cache_bindings=settings.routing_cache_bindings,
-        ),
+        publisher=publisher,
         browser=MessageBrowser(db),
         ops=OverviewService(
             db,
@@ -106,4 +112,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
+        tracing=tracing,
     )

@@ -54,6 +54,8 @@ async def get_messages(
         wait_ms=request.wait_ms,
         ack_timeout_seconds=request.ack_timeout_seconds,
     )
+    if services.tracing is not None:
+        services.tracing.delivered(name, claimed)
     # codec.render falls back to the stdlib for headers orjson cannot write (big integers):
     # the deliveries are already claimed, so this response must not fail.
     body = render(
@@ -93,6 +95,8 @@ async def ack_deliveries(
     request: AckManyRequest, services: ServicesDep, user: UserDep
 ) -> AckManyResponse:
     acked, unknown = await services.pull.ack_many(user, request.delivery_tags)
+    if services.tracing is not None:
+        services.tracing.settled("ack", acked)
     return AckManyResponse(acked=acked, unknown=unknown)
 
 
@@ -102,6 +106,8 @@ async def ack_pulled(services: Services, user: User, delivery_tag: str) -> None:
         await services.pull.ack(user, delivery_tag)
     except UnknownDeliveryTag:
         raise NotFound(_NO_DELIVERY) from None
+    if services.tracing is not None:
+        services.tracing.settled("ack", [delivery_tag])
 
 
 @router.post(
@@ -122,4 +128,6 @@ async def nack_delivery(
         outcome = await services.pull.nack(user, delivery_tag, request.requeue)
     except UnknownDeliveryTag:
         raise NotFound(_NO_DELIVERY) from None
+    if services.tracing is not None:
+        services.tracing.settled("nack", [delivery_tag], outcome.value)
     return NackResponse(outcome=outcome.value)

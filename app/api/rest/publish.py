@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, status
+from fastapi import APIRouter, Body, Header, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError, WithJsonSchema
 
@@ -24,7 +24,8 @@ from app.api.schemas.messages import (
     decode_publish_batch,
     result_fields,
 )
-from app.domain.model import PublishResult
+from app.domain.model import OutgoingMessage, PublishResult
+from app.domain.tracecontext import with_trace_context
 
 router = APIRouter(tags=["publish"])
 
@@ -55,6 +56,22 @@ def _decoded(decode: Callable[[Any], T], payload: Any) -> T:
         ) from None
 
 
+_Traceparent = Annotated[
+    str | None,
+    Header(
+        description="W3C trace context: copied into the message's headers (unless they carry "
+        "a traceparent already), so every delivery carries it"
+    ),
+]
+_Tracestate = Annotated[str | None, Header(description="W3C trace context, with traceparent")]
+
+
+def _traced(
+    messages: list[OutgoingMessage], traceparent: str | None, tracestate: str | None
+) -> list[OutgoingMessage]:
+    return list(with_trace_context(messages, traceparent, tracestate))
+
+
 def _result(result: PublishResult) -> PublishResponse:
     return PublishResponse(**result_fields(result))
 
@@ -74,9 +91,15 @@ def _result(result: PublishResult) -> PublishResponse:
     responses=_ERRORS,
 )
 async def publish_message(
-    name: PathName, message: _PublishBody, services: ServicesDep, user: UserDep
+    name: PathName,
+    message: _PublishBody,
+    services: ServicesDep,
+    user: UserDep,
+    traceparent: _Traceparent = None,
+    tracestate: _Tracestate = None,
 ) -> PublishResponse:
-    results = await services.publisher.publish(user, name, [_decoded(decode_publish, message)])
+    messages = _traced([_decoded(decode_publish, message)], traceparent, tracestate)
+    results = await services.publisher.publish(user, name, messages)
     return _result(results[0])
 
 
@@ -94,9 +117,15 @@ async def publish_message(
     responses=_ERRORS,
 )
 async def publish_batch(
-    name: PathName, batch: _PublishBatch, services: ServicesDep, user: UserDep
+    name: PathName,
+    batch: _PublishBatch,
+    services: ServicesDep,
+    user: UserDep,
+    traceparent: _Traceparent = None,
+    tracestate: _Tracestate = None,
 ) -> PublishBatchResponse:
-    results = await services.publisher.publish(user, name, _decoded(decode_publish_batch, batch))
+    messages = _traced(_decoded(decode_publish_batch, batch), traceparent, tracestate)
+    results = await services.publisher.publish(user, name, messages)
     return PublishBatchResponse(results=[_result(r) for r in results])
 
 
@@ -114,8 +143,13 @@ async def publish_batch(
     responses=_ERRORS,
 )
 async def publish_to_queue(
-    name: PathName, message: _PublishBody, services: ServicesDep, user: UserDep
+    name: PathName,
+    message: _PublishBody,
+    services: ServicesDep,
+    user: UserDep,
+    traceparent: _Traceparent = None,
+    tracestate: _Tracestate = None,
 ) -> PublishResponse:
-    message_ = _decoded(decode_publish, message)
-    results = await services.publisher.publish_to_queue(user, name, [message_])
+    messages = _traced([_decoded(decode_publish, message)], traceparent, tracestate)
+    results = await services.publisher.publish_to_queue(user, name, messages)
     return _result(results[0])

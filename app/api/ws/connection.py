@@ -28,13 +28,14 @@ from app.api.codec import render
 from app.api.deliveries import delivery_fields
 from app.api.problems import error_frame
 from app.api.ws import frames, handlers
-from app.api.ws.acks import AckBatcher, FrameId
+from app.api.ws.acks import AckBatcher, Done, FrameId
 from app.api.ws.inflight import InFlight
 from app.api.ws.lifecycle import Lifecycle, State
 from app.broker.consumers import Subscription
 from app.broker.services import Services
 from app.domain.model import Delivery, User
 from app.errors import BadFrame, BrokerError
+from app.telemetry import Tracing
 
 log = logging.getLogger("messagex.ws")
 
@@ -169,6 +170,22 @@ def _delivered_frame(queue: str, item: Delivery, raw_json: bool) -> dict[str, An
     return {"type": "MESSAGE_DELIVERED", **delivery_fields(queue, item, raw_json=raw_json)}
 
 
+def _traced_ack_soon(
+    tracing: Tracing,
+    ack_soon: Callable[[Sequence[str], Done], asyncio.Future[Any]],
+    tags: Sequence[str],
+    done: Done,
+) -> asyncio.Future[Any]:
+    """``engine.ack_soon`` with an ``ack`` span per settled tag (app.telemetry)."""
+
+    def traced(queue_ids: list[int | None], exc: BaseException | None) -> None:
+        if exc is None:
+            tracing.settled("ack", [t for t, q in zip(tags, queue_ids, strict=False) if q])
+        done(queue_ids, exc)
+
+    return ack_soon(tags, traced)
+
+
 class WsConnection:
     def __init__(
         self, ws: WebSocket, services: Services, user: User | None, digest: bytes | None
@@ -194,7 +211,10 @@ class WsConnection:
         self.inbound = Inbound(ws)
         self._bad_frames: deque[float] = deque()
         self.ops = InFlight(MAX_INFLIGHT_OPS)
-        self.acks = AckBatcher(partial(self.engine.ack_soon, self), self.ops.track, self.send)
+        settle = partial(self.engine.ack_soon, self)
+        if services.tracing is not None:
+            settle = partial(_traced_ack_soon, services.tracing, settle)
+        self.acks = AckBatcher(settle, self.ops.track, self.send)
         self.client = ws.client.host if ws.client else None
 
     @property
@@ -213,6 +233,8 @@ class WsConnection:
             # here, which would strand claimed deliveries.
             outbox.push(render(partial(_delivered_frame, queue, item)))
         if items:
+            if self.services.tracing is not None:
+                self.services.tracing.delivered(queue, items)
             size = (outbox.bytes - before) // len(items)
             self._frame_size = (self._frame_size + size) // 2 + 1
         self._measure_room()

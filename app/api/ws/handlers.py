@@ -192,6 +192,8 @@ async def _nack(conn: WsConnection, frame: frames.NackFrame, frame_id: FrameId) 
     except BrokerError as exc:
         exc.extra["delivery_tag"] = frame.delivery_tag
         raise
+    if conn.services.tracing is not None:
+        conn.services.tracing.settled("nack", [frame.delivery_tag], outcome.value)
     if frame_id is not None:
         conn.reply(
             frame_id,
