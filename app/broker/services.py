@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.delivery import DeliveryEngine
 from app.broker.inspection import MessageBrowser
+from app.broker.message_ops import MessageOps
 from app.broker.overview import OverviewService
 from app.broker.publisher import Publisher
 from app.broker.pull import PullConsumers
@@ -39,6 +40,8 @@ class Services:
     subscriptions: Subscriptions
     #: HTTP pull consumers
     pull: PullConsumers
+    #: query, move and delete copies by filter (contract §17)
+    message_ops: MessageOps
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
 
@@ -102,4 +105,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
+        message_ops=MessageOps(db, delivery.settlement.limits, delivery.on_published),
     )
