@@ -22,7 +22,7 @@ from app.domain.filters import MessageFilter
 from app.domain.model import StoredMessage, User
 from app.errors import NotFound
 from app.storage import filters as store
-from app.storage.database import Database
+from app.storage.database import Connection, Database
 from app.storage.topology import find_queue_id
 
 log = logging.getLogger("messagex.message_ops")
@@ -49,6 +49,16 @@ class DeleteResult:
 
 def _missing(queue: str) -> NotFound:
     return NotFound(f"queue '{queue}' not found")
+
+
+async def _begin(conn: Connection, queue: str) -> int:
+    """At the start of a move's or delete's transaction: the source queue's id (NotFound),
+    and the long statement timeout (storage/filters.py)."""
+    await store.allow_long_statements(conn)
+    source = await find_queue_id(conn, queue)
+    if source is None:
+        raise _missing(queue)
+    return source
 
 
 class MessageOps:
@@ -90,9 +100,7 @@ class MessageOps:
             require(actor, Access.WRITE, to, "queue")
         f = f.movable()
         async with self.db.transaction() as conn:
-            source = await find_queue_id(conn, queue)
-            if source is None:
-                raise _missing(queue)
+            source = await _begin(conn, queue)
             target: int | None = None
             if to is not None:
                 target = await find_queue_id(conn, to, lock="key_share")
@@ -130,9 +138,7 @@ class MessageOps:
         require(actor, Access.CONFIGURE, queue, "queue")
         f = f.movable()
         async with self.db.transaction() as conn:
-            source = await find_queue_id(conn, queue)
-            if source is None:
-                raise _missing(queue)
+            source = await _begin(conn, queue)
             matched = await store.count(conn, source, f)
             deleted = 0 if dry_run else await store.delete(conn, source, f, limit=limit)
         if deleted:

@@ -97,6 +97,19 @@ def where(f: MessageFilter) -> tuple[str, dict[str, Any]]:
     return " AND ".join(parts), params
 
 
+#: A move or delete of 100,000 copies is one statement of a few seconds — more on a loaded
+#: machine than MESSAGEX_DB_STATEMENT_TIMEOUT_MS (30 s) allows a request: its transaction
+#: gets this bound instead.
+LONG_STATEMENT_TIMEOUT = "300s"
+
+
+async def allow_long_statements(conn: AsyncConnection) -> None:
+    """For the rest of ``conn``'s transaction, statements may run ``LONG_STATEMENT_TIMEOUT``."""
+    await conn.execute(
+        text("SELECT set_config('statement_timeout', :t, true)"), {"t": LONG_STATEMENT_TIMEOUT}
+    )
+
+
 # --------------------------------------------------------------------------- query
 
 
