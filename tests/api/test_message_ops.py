@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -505,3 +506,56 @@ def test_permissions(srv: LiveServer, adm: httpx.Client) -> None:
         assert r.json() == {"matched": 1, "moved": 1, "skipped": 0}
         r = c.post(f"/queues/{src}/messages/delete", json={"dry_run": True})
         assert r.json() == {"matched": 1, "deleted": 0}
+
+
+def test_moves_racing_claims_never_take_a_copy_in_flight(
+    srv: LiveServer, adm: httpx.Client
+) -> None:
+    """Pull consumers claim from the source while moves run against it: every claimed copy
+    is still in the source and acks (no move took it), every moved copy is ready with
+    delivery_count 0, and no copy is lost or duplicated."""
+    src = declare(adm, fresh("race-src"))
+    dst = declare(adm, fresh("race-dst"))
+    total = 400
+    publish(adm, src, body=-1)  # binds the queue to its own fanout exchange x-<queue>
+    sql(srv, "DELETE FROM messages WHERE body = '-1'::bytea")
+    for start in range(0, total, 200):
+        batch = [{"body": n} for n in range(start, start + 200)]
+        r = adm.post(f"/exchanges/x-{src}/publish-batch", json={"messages": batch})
+        assert r.status_code == 200, r.text
+    claimed: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            with client(srv.base_url, auth=adm.auth) as c:
+                for _ in range(10):
+                    got = c.post(f"/queues/{src}/get", json={"max_messages": 10}).json()
+                    claimed.extend(got["messages"])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=claim) for _ in range(2)]
+    for w in workers:
+        w.start()
+    moved = 0
+    while any(w.is_alive() for w in workers):
+        r = adm.post(f"/queues/{src}/messages/move", json={"to": dst, "limit": 7})
+        assert r.status_code == 200, r.text
+        moved += r.json()["moved"]
+    for w in workers:
+        w.join()
+    assert errors == []
+    assert claimed
+    assert moved > 0
+    for m in claimed:  # each claimed delivery is still the source's, in flight: it acks
+        r = adm.post(f"/deliveries/{m['delivery_tag']}/ack")
+        assert r.status_code == 204, r.text
+    in_dst = rows(srv, dst)
+    assert len(in_dst) == moved
+    assert {(x["status"], x["delivery_count"]) for x in in_dst} == {("ready", 0)}
+    left = rows(srv, src)
+    assert {x["status"] for x in left} <= {"ready"}
+    bodies_claimed = {m["body"] for m in claimed}
+    assert len(bodies_claimed) == len(claimed)  # no copy delivered twice
+    assert len(claimed) + len(in_dst) + len(left) == total
