@@ -17,6 +17,7 @@ from app.domain.filters import build_filter, topic_subject
 from app.domain.routing import headers_match, topic_matches
 from app.storage.database import Database
 from app.storage.filters import where
+from tests.unit.test_routing import _PATHOLOGICAL_TOPIC_CASES
 
 
 def _keys(alphabet: tuple[str, ...], most: int) -> list[str]:
@@ -119,3 +120,21 @@ async def test_headers_condition_agrees_with_headers_match(db: Database) -> None
     expected = [headers_match(w, h) for w, h in cases]
     assert found == expected
     assert sum(expected) > len(_VALUES)  # equal pairs exist, and 1 = 1.0 among them
+
+
+async def test_pathological_topic_patterns_stay_fast_in_sql(db: Database) -> None:
+    """Routing's pathological cases (many # and * against long keys) through the filter's
+    regular expression: right, and bounded by a 5 s statement timeout (PostgreSQL's regex
+    engine runs them as a DFA, without backtracking)."""
+    async with db.transaction() as conn:
+        await conn.execute(text("SET LOCAL statement_timeout = '5s'"))
+        for pattern, key, expected in _PATHOLOGICAL_TOPIC_CASES:
+            condition, params = where(build_filter(routing_key=pattern))
+            row = await conn.execute(
+                text(
+                    "SELECT count(*) FROM (SELECT 'ready'::text AS status, now() AS available_at, "
+                    f"CAST(:key AS text) AS routing_key) AS m WHERE {condition}"
+                ),
+                params | {"key": key},
+            )
+            assert bool(row.scalar_one()) is expected, pattern[:40]
