@@ -21,6 +21,7 @@ from app.broker.limits import Limits
 from app.domain.filters import MessageFilter
 from app.domain.model import StoredMessage, User
 from app.errors import NotFound
+from app.metrics import Metrics
 from app.storage import filters as store
 from app.storage.database import Connection, Database
 from app.storage.topology import find_queue_id
@@ -62,11 +63,18 @@ async def _begin(conn: Connection, queue: str) -> int:
 
 
 class MessageOps:
-    def __init__(self, db: Database, limits: Limits, on_ready: Callable[[set[int]], None]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        metrics: Metrics,
+        limits: Limits,
+        on_ready: Callable[[set[int]], None],
+    ) -> None:
         """``limits``: the settlement's length rule (its dead-letter hook set);
         ``on_ready``: wake these queues' consumers here and on every broker process (the
         publisher's after-commit wake-up)."""
         self.db = db
+        self.metrics = metrics
         self.limits = limits
         self.on_ready = on_ready
 
@@ -121,6 +129,8 @@ class MessageOps:
         total = sum(moved.values())
         if total:
             self.on_ready({source, *moved, *dropped.woken})
+            operation = "moved" if to is not None else "redriven"
+            self.metrics.filter_operations.labels(operation=operation).inc(total)
         log.info(
             "%d of %d copies moved from queue '%s' to %s by '%s'",
             total,
@@ -143,6 +153,7 @@ class MessageOps:
             deleted = 0 if dry_run else await store.delete(conn, source, f, limit=limit)
         if deleted:
             self.on_ready({source})  # a group's head may have gone: its next copy is due
+            self.metrics.filter_operations.labels(operation="deleted").inc(deleted)
             log.info(
                 "%d of %d copies deleted from queue '%s' by '%s'",
                 deleted,

@@ -105,5 +105,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
-        message_ops=MessageOps(db, delivery.settlement.limits, delivery.on_published),
+        message_ops=MessageOps(db, metrics, delivery.settlement.limits, delivery.on_published),
     )

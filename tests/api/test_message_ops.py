@@ -17,7 +17,7 @@ import pytest
 from app.broker.cluster import CHANNEL, decode
 from app.storage.dsn import asyncpg_dsn
 from tests.api.test_messages import assert_problem, sql
-from tests.support import LiveServer, client
+from tests.support import LiveServer, client, metric
 
 _names = itertools.count()
 
@@ -51,6 +51,12 @@ def publish(adm: httpx.Client, queue: str, key: str = "", **message: Any) -> str
     assert r.json()["queues"] == [queue]
     message_id: str = r.json()["message_id"]
     return message_id
+
+
+def by_filter(srv: LiveServer, operation: str) -> float:
+    """messagex_message_copies_by_filter_total{operation} of the module's server."""
+    text = httpx.get(f"{srv.base_url}/metrics").text
+    return metric(text, "messagex_message_copies_by_filter_total", operation=operation) or 0.0
 
 
 def rows(srv: LiveServer, queue: str) -> list[dict[str, Any]]:
@@ -301,10 +307,12 @@ def test_redrive_returns_copies_to_their_x_death_queue(srv: LiveServer, adm: htt
     r = adm.post(f"/queues/{dlq}/messages/move", json={"filter": flt, "to": None, "dry_run": True})
     assert r.json() == {"matched": 1, "moved": 0, "skipped": 0}
     assert snapshot(srv) == before
+    redriven_before = by_filter(srv, "redriven")
     r = adm.post(f"/queues/{dlq}/messages/move", json={"filter": {}, "to": None})
     assert r.status_code == 200, r.text
     # w0, w1 moved back; g0 (queue gone) and plain (no x-death) skipped; w2 in flight
     assert r.json() == {"matched": 4, "moved": 2, "skipped": 2}
+    assert by_filter(srv, "redriven") == redriven_before + 2
     back = rows(srv, work)
     assert [x["id"] for x in back] == [in_dlq[0]["id"], in_dlq[1]["id"]]
     assert {x["status"] for x in back} == {"ready"}
@@ -386,10 +394,12 @@ def test_delete_by_filter(srv: LiveServer, adm: httpx.Client) -> None:
         publish(adm, q, "a.b" if n < 4 else "z", body=n)
     ids = [r["id"] for r in rows(srv, q)]
     set_in_flight(srv, ids[0])
+    deleted_before = by_filter(srv, "deleted")
     r = adm.post(
         f"/queues/{q}/messages/delete", json={"filter": {"routing_key": "a.*"}, "limit": 2}
     )
     assert r.json() == {"matched": 3, "deleted": 2}
+    assert by_filter(srv, "deleted") == deleted_before + 2
     assert [x["body"] for x in query(adm, q, {"status": ["ready", "in_flight"]})] == [0, 3, 4]
     r = adm.post(f"/queues/{q}/messages/delete", json={"filter": {}})
     assert r.json() == {"matched": 2, "deleted": 2}
