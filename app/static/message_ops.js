@@ -37,7 +37,7 @@ function filterFields() {
     "div",
     null,
     statusGroup,
-    field("Routing key pattern", routingKey, "Topic syntax: * one word, # zero or more"),
+    field("Topic pattern", routingKey, "Matched against the routing key: * one word, # zero or more"),
     field("Headers (JSON object)", headers, "Every pair equal, as a headers binding with x-match all"),
     field("Message ids", ids),
     field("Published after", after),
