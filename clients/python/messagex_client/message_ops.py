@@ -10,7 +10,7 @@ binding with ``x-match: all``), ``message_ids``, ``published_after``/``published
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -64,15 +64,8 @@ class DeleteResult:
 class MessageOperations:
     """The §17 calls; mixed into ``Topology``, whose ``_call`` they use."""
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        query: dict[str, Any] | None = None,
-    ) -> Any:
-        raise NotImplementedError
+    #: ``Topology._call(method, path, body)``: one REST call, its JSON answer
+    _call: Callable[..., Awaitable[Any]]
 
     def _messages_path(self, queue: str, op: str) -> str:
         return f"/queues/{quote(queue, safe='')}/messages/{op}"
