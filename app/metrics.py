@@ -122,6 +122,12 @@ class Metrics:
             "messagex_http_request_seconds", "HTTP request latency", ["route"], registry=r
         )
         self.auth_failures = Counter("messagex_auth_failures", "Failed authentications", registry=r)
+        self.filter_operations = Counter(
+            "messagex_message_copies_by_filter",
+            "Copies moved, redriven or deleted by a filter operation (contract §17)",
+            ["operation"],
+            registry=r,
+        )
         self.queues = Gauge(
             "messagex_queues",
             "Queues in the broker (all processes; per-queue series cover at most "

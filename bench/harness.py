@@ -27,6 +27,7 @@ from bench import (
     backlog,
     ceiling,
     expiry,
+    filterops,
     groupcommit,
     limits,
     mx,
@@ -59,6 +60,7 @@ GROUPS = (
     "scale",
     "limits",
     "expiry",
+    "filterops",
 )
 NEEDS_BROKER = {
     "ceiling",
@@ -69,6 +71,7 @@ NEEDS_BROKER = {
     "scale",
     "limits",
     "expiry",
+    "filterops",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -94,6 +97,7 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "list_queues": (100_000, 2_000),
     "overview": ((1_000_000, 10_000), (10_000, 100)),
     "expiry_count": (100_000, 2_000),  # issue 20: copies expired vs delivered
+    "filterops_count": (100_000, 2_000),  # issue 22: copies moved, then deleted, by filter
 }
 
 
@@ -175,7 +179,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 #: the groups whose scenarios use the bench database's messages table
-ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry"})
+ON_POSTGRES = frozenset(
+    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "filterops"}
+)
 
 
 @dataclass
@@ -410,6 +416,12 @@ class Run:
         settings = expiry.Settings(self.mx_settings(), self.pg.url, count)
         await self.scenario("expiry", "expiry", expiry.run(settings))
 
+    async def run_filterops(self) -> None:
+        assert self.pg is not None
+        count = DEFAULTS["filterops_count"][1 if self.cfg.smoke else 0]
+        settings = filterops.Settings(self.mx_settings(), self.pg.url, count)
+        await self.scenario("filterops", "filterops", filterops.run(settings))
+
     async def run_scale(self) -> None:
         """Issue 19: bindings (MessageX beside RabbitMQ), many queues (declared, listed, and
         under a million messages in the overview), then idle subscriptions, delayed
@@ -513,6 +525,7 @@ class Run:
             "scale": self.run_scale,
             "limits": self.run_limits,
             "expiry": self.run_expiry,
+            "filterops": self.run_filterops,
         }
         started = time.monotonic()
         try:

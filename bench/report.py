@@ -166,6 +166,15 @@ def _expiry_row(r: Result) -> str:
     )
 
 
+def _filterops_row(r: Result) -> str:
+    extra = r.extra
+    return (
+        f"{r.name:<44} {r.status:<10} {r.messages:>7} {_fmt(r.elapsed_s, '.2f'):>7} "
+        f"{_fmt(r.rate, '.0f'):>9} {_fmt(extra.get('publish_ratio'), '.2f'):>9} "
+        f"{_fmt(extra.get('consume_ratio'), '.2f'):>9}"
+    )
+
+
 def _ratio_row(r: dict[str, Any], rounds: bool) -> str:
     row = (
         f"{r['messagex']:<44} {r['baseline']:<40} {_fmt(r['rate'], '.3f'):>7} "
@@ -212,6 +221,12 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
             f"{'expiry vs delivery (issue 20)':<44} {'status':<10} {'copies':>7} {'copies/s':>9} "
             f"{'broker':>7} {'pg':>7}",
             _expiry_row,
+        ),
+        (
+            "filterops",
+            f"{'by filter, beside a busy queue (issue 22)':<44} {'status':<10} {'copies':>7} "
+            f"{'s':>7} {'copies/s':>9} {'pub ratio':>9} {'con ratio':>9}",
+            _filterops_row,
         ),
     )
     for group, header, row in sections:

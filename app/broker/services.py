@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.delivery import DeliveryEngine
 from app.broker.inspection import MessageBrowser
+from app.broker.message_ops import MessageOps
 from app.broker.overview import OverviewService
 from app.broker.publisher import Publisher
 from app.broker.pull import PullConsumers
@@ -40,6 +41,8 @@ class Services:
     subscriptions: Subscriptions
     #: HTTP pull consumers
     pull: PullConsumers
+    #: query, move and delete copies by filter (contract §17)
+    message_ops: MessageOps
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
     #: OpenTelemetry spans (MESSAGEX_TRACING), or None: the hot paths test only this
@@ -113,4 +116,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
         tracing=tracing,
+        message_ops=MessageOps(db, metrics, delivery.settlement.limits, delivery.on_published),
     )

@@ -24,6 +24,7 @@ __all__ = [
     "ExchangeNode",
     "HeadersIndex",
     "TopicTrie",
+    "all_match_conditions",
     "check_binding_arguments",
     "headers_match",
     "route",
@@ -180,6 +181,14 @@ def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any]) -> b
             # "all" and this one differs, or "any" and this one is equal: decided.
             return matched
     return need_all
+
+
+def all_match_conditions(arguments: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The (key, value) pairs that a headers binding with these ``arguments`` and
+    ``x-match: all`` compares: a message matches when its headers hold every key with a value
+    equal in JSON value and type (what a §17 filter's ``headers`` means; storage compares
+    them as ``jsonb`` equality, which has the same rules)."""
+    return list(_compared(arguments, with_x=False))
 
 
 def _x_match(arguments: Mapping[str, Any]) -> tuple[bool, bool]:

@@ -331,6 +331,34 @@ export class Client extends EventTarget {
     return (await this._rest("GET", `/bindings?${query}`)).items;
   }
 
+  // -- messages by filter (REST; contract §17) ------------------------------------------
+  // A filter: {status: ["ready","delayed","dead"], routing_key: "order.#", headers: {...},
+  // message_ids: [...], published_after, published_before (RFC 3339), min_delivery_count,
+  // death_reason: "rejected"|"expired"|"maxlen"|"delivery_limit"}; {} matches every copy.
+
+  /** One page of a queue's copies matching `filter`: {items, next_after} (browse items). */
+  queryMessages(queue, filter = {}, { limit = 100, after } = {}) {
+    const body = { filter, limit };
+    if (after !== undefined && after !== null) body.after = after;
+    return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/query`, body);
+  }
+
+  /**
+   * Move up to `limit` matching copies to queue `to`; `to: null` redrives each back to the
+   * queue its newest x-death entry names. Resolves with {matched, moved, skipped}.
+   */
+  moveMessages(queue, filter = {}, { to, limit = 1000, dryRun = false } = {}) {
+    if (to === undefined) return Promise.reject(new TypeError("give `to`: a queue, or null to redrive"));
+    const body = { filter, to, limit, dry_run: dryRun };
+    return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/move`, body);
+  }
+
+  /** Delete up to `limit` matching copies (never in flight): {matched, deleted}. */
+  deleteMessages(queue, filter = {}, { limit = 1000, dryRun = false } = {}) {
+    const body = { filter, limit, dry_run: dryRun };
+    return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/delete`, body);
+  }
+
   async _rest(method, path, body) {
     const url = new URL(this.url);
     url.protocol = url.protocol === "wss:" ? "https:" : "http:";

@@ -4,6 +4,7 @@
 // through route(), which percent-encodes them.
 
 import { api, seg, metrics } from "./api.js";
+import { filterOperations } from "./message_ops.js";
 import {
   h, fill, append, route, link, json, field, checkbox, dl, table, formatTime, parseJsonField,
   nextId,
@@ -678,6 +679,9 @@ export function queueView(main, params, ctx) {
     section("Actions", actions),
     section("Bindings to this queue", bindings, bindingForm(ctx, { queue: name }, () => loadBindings())),
     section("Messages", browse.el),
+    section("Move, redrive or delete by filter", filterOperations(name, ctx, async () => {
+      await Promise.all([refresh(), browse.load()]);
+    })),
   );
 
   const ifEmpty = checkbox("Only if it is empty");

@@ -352,6 +352,11 @@ ORDER BY d.ord
 
 DISCARD = text("DELETE FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))")
 
+#: The target queue's TTL and claim priority of a copy ``m`` landing in queue ``t``, for the
+#: other statements that move copies between queues (storage/filters.py, contract §17).
+TARGET_EXPIRES_AT = _TARGET_EXPIRES_AT
+TARGET_PRIORITY = _TARGET_PRIORITY
+
 
 async def return_to_status(conn: AsyncConnection, ids: Sequence[int], status: str) -> None:
     if ids:

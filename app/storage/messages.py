@@ -410,6 +410,12 @@ def _stored(queue: str, row: Sequence[Any]) -> StoredMessage:
     )
 
 
+#: A browse item's columns over ``messages AS m``, and the row → StoredMessage, for the other
+#: reads in the browse list shape (storage/filters.py, contract §17).
+BROWSE_COLUMNS = _COLUMNS
+stored_message = _stored
+
+
 def _queue_not_found(queue: str) -> NotFound:
     return NotFound(f"queue '{queue}' not found")
 

@@ -200,3 +200,19 @@ def test_smoke_run_measures_expiry_beside_delivery(smoke: tuple[dict[str, Any], 
         assert s["rate"] > 0
     assert set(expiry["mx expire 2000"]["extra"]["cpu_vs_delivery"]) >= {"broker", "postgres"}
     assert "expiry vs delivery (issue 20)" in stdout
+
+
+def test_smoke_run_moves_and_deletes_by_filter_beside_a_busy_queue(
+    smoke: tuple[dict[str, Any], str],
+) -> None:
+    doc, stdout = smoke
+    ops = {s["name"]: s for s in by_group(doc, "filterops")}
+    assert set(ops) == {"mx move 2000", "mx delete 2000"}, sorted(ops)
+    assert ops["mx move 2000"]["extra"]["answer"] == {"matched": 2000, "moved": 2000, "skipped": 0}
+    assert ops["mx delete 2000"]["extra"]["answer"] == {"matched": 2000, "deleted": 2000}
+    for s in ops.values():
+        assert s["status"] == "ok", s
+        assert s["elapsed_s"] > 0
+        assert s["extra"]["publish_ratio"] > 0
+        assert s["extra"]["consume_ratio"] > 0
+    assert "by filter, beside a busy queue (issue 22)" in stdout

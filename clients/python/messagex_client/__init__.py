@@ -30,6 +30,7 @@ from messagex_client.errors import (
     UnknownDeliveryTag,
     Unroutable,
 )
+from messagex_client.message_ops import DeleteResult, MoveResult, message_filter
 from messagex_client.topology import ALTERNATE_EXCHANGE, Binding, Topology
 
 __all__ = [
@@ -40,9 +41,11 @@ __all__ = [
     "Client",
     "ClientClosed",
     "ConnectionLost",
+    "DeleteResult",
     "Forbidden",
     "Message",
     "MessageXError",
+    "MoveResult",
     "NotFound",
     "PublishResult",
     "RateLimited",
@@ -52,6 +55,7 @@ __all__ = [
     "Topology",
     "UnknownDeliveryTag",
     "Unroutable",
+    "message_filter",
     "websocket_url",
 ]
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from messagex_client.errors import BrokerError, error_from_frame
+from messagex_client.message_ops import MessageOperations
 
 ExchangeType = Literal["direct", "fanout", "topic", "headers"]
 Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
@@ -57,8 +58,9 @@ def rest_url(websocket: str) -> str:
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
-class Topology:
-    """REST calls for exchanges and bindings; ``Client.topology`` is one."""
+class Topology(MessageOperations):
+    """REST calls for exchanges and bindings (and, from ``MessageOperations``, for messages
+    by filter); ``Client.topology`` is one."""
 
     def __init__(self, root: str, authorization: str, timeout: float = 30.0) -> None:
         if urlsplit(root).scheme not in ("http", "https"):
