@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import binascii
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -275,6 +275,17 @@ def render(build: Callable[[bool], Any]) -> bytes:
         return orjson.dumps(build(True))
     except TypeError:
         return _stdlib_dumps(build(False))
+
+
+def browse_page(items: Sequence[StoredMessage], next_after: int | None) -> bytes:
+    """The JSON of a browse page (``GET /queues/{name}/messages`` and §17's query), stored
+    JSON bodies embedded as they are (``render``)."""
+    return render(
+        lambda raw: {
+            "items": [browse_item(m, raw_json=raw) for m in items],
+            "next_after": next_after,
+        }
+    )
 
 
 def browse_item(stored: StoredMessage, *, raw_json: bool = False) -> dict[str, Any]:

@@ -45,15 +45,7 @@ async def query_messages(
     items, next_after = await services.message_ops.query(
         user, name, body.filter.to_filter(), limit=body.limit, after=body.after
     )
-    return Response(
-        codec.render(
-            lambda raw: {
-                "items": [codec.browse_item(m, raw_json=raw) for m in items],
-                "next_after": next_after,
-            }
-        ),
-        media_type="application/json",
-    )
+    return Response(codec.browse_page(items, next_after), media_type="application/json")
 
 
 @router.post(

@@ -50,12 +50,7 @@ async def browse_messages(
     items, next_after = await services.browser.browse(
         user, name, status=status_, limit=limit, after=after
     )
-    return _json(
-        lambda raw: {
-            "items": [codec.browse_item(m, raw_json=raw) for m in items],
-            "next_after": next_after,
-        }
-    )
+    return Response(codec.browse_page(items, next_after), media_type="application/json")
 
 
 @router.get(
