@@ -28,6 +28,7 @@ from bench import (
     ceiling,
     expiry,
     groupcommit,
+    groups,
     limits,
     mx,
     rabbit,
@@ -59,6 +60,7 @@ GROUPS = (
     "scale",
     "limits",
     "expiry",
+    "groups",
 )
 NEEDS_BROKER = {
     "ceiling",
@@ -69,6 +71,7 @@ NEEDS_BROKER = {
     "scale",
     "limits",
     "expiry",
+    "groups",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -167,6 +170,11 @@ def parser() -> argparse.ArgumentParser:
         "computed per round and summarised by their median (1)",
     )
     p.add_argument(
+        "--backlog",
+        type=int,
+        help="copies per queue in the groups scenarios (1,000,000; smoke 2,000)",
+    )
+    p.add_argument(
         "--only",
         metavar="REGEX",
         help="run only the scenarios whose name matches, e.g. 'batch.*prefetch=100'",
@@ -175,7 +183,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 #: the groups whose scenarios use the bench database's messages table
-ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry"})
+ON_POSTGRES = frozenset(
+    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "groups"}
+)
 
 
 @dataclass
@@ -205,6 +215,8 @@ class Config:
     declare_queues: int = 10_000
     list_queues: int = 100_000
     overview: tuple[int, int] = (1_000_000, 10_000)
+    #: copies per queue in the groups scenarios (None: bench/groups.py's default)
+    group_backlog: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -248,6 +260,7 @@ class Config:
             declare_queues=DEFAULTS["declare_queues"][pick],
             list_queues=DEFAULTS["list_queues"][pick],
             overview=DEFAULTS["overview"][pick],
+            group_backlog=args.backlog,
         )
 
 
@@ -462,6 +475,9 @@ class Run:
     async def run_limits(self) -> None:
         await limits.run(self)  # issue 20, lc-limits: bench/limits.py
 
+    async def run_groups(self) -> None:
+        await groups.run(self)  # issue 22, contract §16: bench/groups.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -513,6 +529,7 @@ class Run:
             "scale": self.run_scale,
             "limits": self.run_limits,
             "expiry": self.run_expiry,
+            "groups": self.run_groups,
         }
         started = time.monotonic()
         try:

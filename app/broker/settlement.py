@@ -238,13 +238,14 @@ class Settlement:
                     continue
                 self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
+                left = set(deleted.values())
                 for _, tag, owner, group, index in batch:
                     # pop: the same tag twice in one batch is acked once, unknown the second time
                     group.queue_ids[index] = deleted.pop((tag, owner), None)
                 for group in groups.values():
                     if not group.future.done():
                         group.future.set_result(group.queue_ids)
-                await self._release_groups(set(deleted.values()))
+                await self._release_groups(left)
         finally:
             self._flushing = False
 
