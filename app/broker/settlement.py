@@ -259,8 +259,13 @@ class Settlement:
     async def _release_groups(self, queue_ids: set[int]) -> None:
         """Copies left these queues (acked): in a group queue the next copy of the group
         may go now, to a subscriber here or on another process (contract §16), so the
-        queue is woken everywhere, as after a publish."""
-        woken = await self._grouped(queue_ids)
+        queue is woken everywhere, as after a publish. A failed look-up wakes nothing (the
+        dispatchers' 1 s poll finds the copy) rather than fail the acks it follows."""
+        try:
+            woken = await self._grouped(queue_ids)
+        except Exception as exc:
+            log.warning("could not tell whether acked queues have groups (%s)", type(exc).__name__)
+            return
         if woken:
             self.after_settle(Settled(woken_queues=woken))
 

@@ -278,6 +278,27 @@ WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 sec
 # -- claim --------------------------------------------------------------------------------
 
 
+# The claims' common end: the rows of CTE ``picked`` (id, rn) go in flight, row rn to owner
+# :owners[rn] (NULL for a pull: the row belongs to :owner_user), with a new tag and lease.
+_TAKE_PICKED = f"""UPDATE messages AS m SET
+    status = 'in_flight',
+    delivery_count = m.delivery_count + 1,
+    delivered_at = now(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
+    owner_process = CAST(:process_id AS uuid),
+    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
+    owner_user = CAST(:owner_user AS text)
+FROM picked AS p
+WHERE m.id = p.id"""
+#: what a claim returns (deliveries.claimed_rows)
+_CLAIMED = (
+    "RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,"
+    "\n          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at,"
+    " m.delivery_tag\n"
+)
+
+
 def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
     """The due ready rows of queue ``:queue_id`` in claim order (contract §10, §13), at most
     ``limit``: a UNION ALL of two index walks, one home for the order that claims and
@@ -335,20 +356,8 @@ WITH picked AS (
     FROM ({ready_in_claim_order("id, priority, available_at", ":n", "FOR UPDATE SKIP LOCKED")}
     ) AS s
 )
-UPDATE messages AS m SET
-    status = 'in_flight',
-    delivery_count = m.delivery_count + 1,
-    delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
-    owner_process = CAST(:process_id AS uuid),
-    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
-WHERE m.id = p.id
-RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,
-          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
-""")
+{_TAKE_PICKED}
+{_CLAIMED}""")
 )
 
 # -- claim in a queue with x-message-groups (contract §16) -----------------------------------
@@ -428,20 +437,8 @@ picked AS (
           SELECT id, priority, available_at FROM heads
           ORDER BY {CLAIM_ORDER} LIMIT :n) AS s
 )
-UPDATE messages AS m SET
-    status = 'in_flight',
-    delivery_count = m.delivery_count + 1,
-    delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
-    owner_process = CAST(:process_id AS uuid),
-    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
-WHERE m.id = p.id AND m.status = 'ready'
-RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,
-          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
-""")
+{_TAKE_PICKED} AND m.status = 'ready'
+{_CLAIMED}""")
 )
 
 # The queue's group-claim lock (see CLAIM_GROUPS), a statement of its own so that the claim's

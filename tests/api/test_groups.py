@@ -25,8 +25,12 @@ import httpx
 import pytest
 
 from app.storage.dsn import asyncpg_dsn
-from tests.api.test_multiprocess import Pair, start_pair
-from tests.support import PgCluster, wait_for
+from tests.api.test_multiprocess import (  # the module's database: one per module
+    Pair,
+    database,  # noqa: F401 - fixture
+    start_pair,
+)
+from tests.support import wait_for
 from tests.wsclient import WsClient, bind, declare_queue, publish
 
 GROUPS = {"x-message-groups": True}
@@ -38,16 +42,7 @@ def fresh(prefix: str = "grp") -> str:
 
 
 @pytest.fixture(scope="module")
-def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        yield pg_cluster.url_for(name)
-    finally:
-        pg_cluster.drop_database(name)
-
-
-@pytest.fixture(scope="module")
-def pair(database: str) -> Iterator[Pair]:
+def pair(database: str) -> Iterator[Pair]:  # noqa: F811
     with ExitStack() as stack:
         yield start_pair(stack, database, ack_timeout_check_interval_ms=100)
 
@@ -255,9 +250,9 @@ class Sampler(threading.Thread):
     """Reads the queue's in-flight copies again and again until stopped: a group with two
     copies in flight at once is recorded."""
 
-    def __init__(self, database: str, queue_id: int) -> None:
+    def __init__(self, url: str, queue_id: int) -> None:
         super().__init__(daemon=True)
-        self.database = database
+        self.database = url
         self.queue_id = queue_id
         self.stop = threading.Event()
         self.samples = 0
@@ -320,7 +315,10 @@ class Consumer(threading.Thread):
             # leaving releases what this session holds
 
 
-def test_randomized_many_groups_never_two_in_flight_and_in_order(pair: Pair, database: str) -> None:
+def test_randomized_many_groups_never_two_in_flight_and_in_order(
+    pair: Pair,
+    database: str,  # noqa: F811
+) -> None:
     groups, per_group = 40, 8
     q = group_queue(pair.rest_a, ack_timeout_seconds=1)
     bind(pair.rest_a, "amq.direct", q, q)
@@ -371,8 +369,8 @@ def test_randomized_many_groups_never_two_in_flight_and_in_order(pair: Pair, dat
     assert acked_total > groups  # the run made progress
 
 
-async def _queue_id(database: str, name: str) -> int:
-    conn = await asyncpg.connect(asyncpg_dsn(database))
+async def _queue_id(url: str, name: str) -> int:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         return int(await conn.fetchval("SELECT id FROM queues WHERE name = $1", name))
     finally:
