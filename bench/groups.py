@@ -100,13 +100,7 @@ async def _consume(ws: Any, counter: list[int], wanted: int, done: asyncio.Event
             done.set()
         ws.send_text(b'{"type":"ACK","delivery_tag":"%s"}' % frame["delivery_tag"].encode())
 
-    while not ws.inbox.empty():
-        raw = ws.inbox.get_nowait()
-        if raw is not None:
-            on_text(raw)
-    ws.flush()
-    ws.on_text = on_text
-    await asyncio.wait({ws.closed})  # (a cancel must not cancel the future itself)
+    await ws.serve(on_text)
 
 
 async def ws_probe(run: Run, label: str, groups: int, queue: str, fill_s: float) -> Result:
