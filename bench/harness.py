@@ -29,6 +29,7 @@ from bench import (
     expiry,
     filterops,
     groupcommit,
+    groups,
     limits,
     mx,
     rabbit,
@@ -61,6 +62,7 @@ GROUPS = (
     "limits",
     "expiry",
     "filterops",
+    "groups",
 )
 NEEDS_BROKER = {
     "ceiling",
@@ -72,6 +74,7 @@ NEEDS_BROKER = {
     "limits",
     "expiry",
     "filterops",
+    "groups",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -171,6 +174,11 @@ def parser() -> argparse.ArgumentParser:
         "computed per round and summarised by their median (1)",
     )
     p.add_argument(
+        "--backlog",
+        type=int,
+        help="copies per queue in the groups scenarios (1,000,000; smoke 2,000)",
+    )
+    p.add_argument(
         "--only",
         metavar="REGEX",
         help="run only the scenarios whose name matches, e.g. 'batch.*prefetch=100'",
@@ -180,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
 
 #: the groups whose scenarios use the bench database's messages table
 ON_POSTGRES = frozenset(
-    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "filterops"}
+    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "filterops", "groups"}
 )
 
 
@@ -211,6 +219,8 @@ class Config:
     declare_queues: int = 10_000
     list_queues: int = 100_000
     overview: tuple[int, int] = (1_000_000, 10_000)
+    #: copies per queue in the groups scenarios (None: bench/groups.py's default)
+    group_backlog: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Config:
@@ -254,6 +264,7 @@ class Config:
             declare_queues=DEFAULTS["declare_queues"][pick],
             list_queues=DEFAULTS["list_queues"][pick],
             overview=DEFAULTS["overview"][pick],
+            group_backlog=args.backlog,
         )
 
 
@@ -474,6 +485,9 @@ class Run:
     async def run_limits(self) -> None:
         await limits.run(self)  # issue 20, lc-limits: bench/limits.py
 
+    async def run_groups(self) -> None:
+        await groups.run(self)  # issue 22, contract §16: bench/groups.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -526,6 +540,7 @@ class Run:
             "limits": self.run_limits,
             "expiry": self.run_expiry,
             "filterops": self.run_filterops,
+            "groups": self.run_groups,
         }
         started = time.monotonic()
         try:

@@ -435,13 +435,7 @@ async def _consume(ws: WsClient, sink: Sink, seen: Callable[[int, int], None]) -
         seen(seq, time.time_ns())
         ws.send_text(b'{"type":"ACK","delivery_tag":"%s"}' % frame["delivery_tag"].encode())
 
-    while not ws.inbox.empty():
-        raw = ws.inbox.get_nowait()
-        if raw is not None:
-            on_text(raw)
-    ws.flush()
-    ws.on_text = on_text
-    await asyncio.wait({ws.closed})  # not ``await closed``: cancelling would cancel the future
+    await ws.serve(on_text)
 
 
 #: the broker of this group: 10,000 connections of one user, 100 subscriptions on one

@@ -116,6 +116,17 @@ class WsClient(asyncio.Protocol):
             raise BenchError("the WebSocket connection closed")
         return orjson.loads(text)
 
+    async def serve(self, on_text: Callable[[bytes], None]) -> None:
+        """Pass every text frame to ``on_text`` (those queued so far first, then each as it
+        arrives) until the connection closes."""
+        while not self.inbox.empty():
+            raw = self.inbox.get_nowait()
+            if raw is not None:
+                on_text(raw)
+        self.flush()
+        self.on_text = on_text
+        await asyncio.wait({self.closed})  # not ``await closed``: a cancel would cancel it
+
     async def close(self) -> None:
         if self.proto.state is State.OPEN:
             self.proto.send_close(1000)

@@ -47,6 +47,8 @@ class Subscription:
     active: bool = True
     #: the queue has ``x-single-active-consumer`` (broker/single_active.py)
     single_active: bool = False
+    #: the queue has ``x-message-groups``: claimed by the group claim, never handed off
+    groups: bool = False
     #: a single-active subscription that is not (yet) the active one: no credit meanwhile
     waiting: bool = False
 
@@ -131,6 +133,10 @@ class ConsumerRegistry:
 
     def has_queue(self, queue_id: int) -> bool:
         return bool(self._by_queue.get(queue_id))
+
+    def groups(self, queue_id: int) -> bool:
+        """The queue has ``x-message-groups`` (known from its subscriptions)."""
+        return any(s.groups for s in self._by_queue.get(queue_id, ()))
 
     def has_credit(self, queue_id: int) -> bool:
         """Some subscriber of the queue has prefetch room."""

@@ -162,9 +162,12 @@ class DeliveryEngine:
             self.cluster.tell_released(remote)
 
     def on_message_deleted(self, deleted: DeletedMessage) -> None:
-        """An admin deleted a message; if it was in flight, its consumer gets the slot back."""
-        if deleted.owner_connection:
-            self._after_settle(Settled(owners={deleted.owner_connection}))
+        """An admin deleted a message; if it was in flight, its consumer gets the slot back.
+        The queue is woken too: in a group queue the deleted copy may have been its group's
+        head (contract §16), and elsewhere a wake-up finds nothing new, at the cost of one
+        claim."""
+        owners = {deleted.owner_connection} if deleted.owner_connection else set()
+        self._after_settle(Settled(owners=owners, woken_queues={deleted.queue_id}))
 
     async def on_queue_deleted(self, queue: str) -> None:
         await self.subscriptions.cancel_queue(queue)

@@ -140,6 +140,10 @@ class Dispatcher:
                 if due > 0:
                     self._wake_at(queue_id, due)
                     break
+                if self.registry.groups(queue_id):
+                    # due copies left behind are held back by their groups' heads: the
+                    # settlement of a head wakes the queue (and the poll covers a lost one)
+                    break
                 # due now but not claimed: rows locked by another claimer; go again
         finally:
             if self._workers.get(queue_id) is asyncio.current_task():
@@ -247,7 +251,8 @@ class Dispatcher:
                         return False
                     order, claimed = found
                 else:
-                    claimed = await deliveries.claim(
+                    claim = deliveries.claim_grouped if order[0].groups else deliveries.claim
+                    claimed = await claim(
                         self.db.hot,
                         queue_id=queue_id,
                         n=len(order),
@@ -277,6 +282,7 @@ class Dispatcher:
             lease_seconds=sub.lease_seconds,
             process_id=self.process_id,
             connection=sub.outlet.id,
+            groups=sub.groups,
         )
         if claimed is None:
             self.deposed(sub)
@@ -320,8 +326,8 @@ class Dispatcher:
         id → copies) whose dispatcher is idle, who would get its next copies, in round-robin
         order, as a claim would hand them out. Holds those queues' locks (so no claim, and no
         unsubscribe or close, runs in between) until the HandOff is closed; None when no
-        queue has room. A busy queue is skipped, not waited for, and so is a single-active
-        one."""
+        queue has room. A busy queue is skipped, not waited for, and so are single-active and
+        group queues."""
         orders: dict[int, list[Subscription]] = {}
         locks: list[asyncio.Lock] = []
         for queue_id, n in wanted.items():
@@ -331,8 +337,9 @@ class Dispatcher:
             await lock.acquire()
             locks.append(lock)
             order = self.registry.round_robin(queue_id, min(n, MAX_CLAIM))
-            # a single-active queue's copies go through the gate of its claim, never straight
-            if order and not order[0].single_active:
+            # a single-active queue's copies go through the gate of its claim, never straight,
+            # and a group queue's through the group claim (contract §16)
+            if order and not order[0].single_active and not order[0].groups:
                 orders[queue_id] = order
         if not orders:
             for lock in locks:

@@ -61,6 +61,7 @@ class PullConsumers:
         timeout = ack_timeout_seconds or found.ack_timeout_seconds
         lease = float(timeout or self.settings.ack_timeout_seconds)
         single = found.single_active
+        groups = found.groups
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         with self.hub.register(queue_id) as event:
@@ -68,6 +69,7 @@ class PullConsumers:
                 event.clear()
                 claimed = await self._claim(
                     single,
+                    groups,
                     queue_id=queue_id,
                     n=max_messages,
                     lease_seconds=lease,
@@ -81,17 +83,20 @@ class PullConsumers:
                     return claimed
                 due = await deliveries.seconds_until_due(self.db.hot, queue_id)
                 wait = min(remaining, self.poll_interval)
-                if due is not None:
+                if due is not None and not (groups and due <= 0):
+                    # (in a group queue, due copies left behind wait for their group's head:
+                    # its settlement wakes this wait)
                     wait = min(wait, max(due, 0.0))
                 await wait_event(event, wait)
 
-    async def _claim(self, single: bool, **args: Unpack[ClaimArgs]) -> list[Claimed]:
+    async def _claim(self, single: bool, groups: bool, **args: Unpack[ClaimArgs]) -> list[Claimed]:
         """One claim; from a queue with a single active consumer through its gate: 409 while
-        the queue has a subscription."""
+        the queue has a subscription; from a group queue by the group claim (contract §16)."""
         if not single:
-            claimed = await deliveries.claim(self.db.hot, **args)
+            claim = deliveries.claim_grouped if groups else deliveries.claim
+            claimed = await claim(self.db.hot, **args)
         else:
-            gated = await single_active.claim_pull(self.db.hot, **args)
+            gated = await single_active.claim_pull(self.db.hot, groups=groups, **args)
             if gated is None:
                 raise PreconditionFailed(
                     "the queue has a single active consumer subscribed (x-single-active-consumer)"

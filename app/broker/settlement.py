@@ -65,6 +65,8 @@ class Settled:
     owners: set[str] = field(default_factory=set)
     #: the rows that expired instead of returning to ready, with their outcome
     expired: dict[int, Outcome] = field(default_factory=dict)
+    #: the queues the rows were settled in
+    sources: set[int] = field(default_factory=set)
 
 
 def decide_all(rows: Sequence[Unsettled], *, requeue: bool) -> tuple[Settled, Decisions]:
@@ -80,6 +82,7 @@ def decide_all(rows: Sequence[Unsettled], *, requeue: bool) -> tuple[Settled, De
             expired=row.expired,
         )
         settled.outcomes[row.id] = decision.outcome
+        settled.sources.add(row.queue_id)
         if decision.reason is DeathReason.EXPIRED:
             settled.expired[row.id] = decision.outcome
         if row.owner_connection:
@@ -235,14 +238,36 @@ class Settlement:
                     continue
                 self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
+                left = set(deleted.values())
                 for _, tag, owner, group, index in batch:
                     # pop: the same tag twice in one batch is acked once, unknown the second time
                     group.queue_ids[index] = deleted.pop((tag, owner), None)
                 for group in groups.values():
                     if not group.future.done():
                         group.future.set_result(group.queue_ids)
+                await self._release_groups(left)
         finally:
             self._flushing = False
+
+    async def _grouped(self, queue_ids: set[int]) -> set[int]:
+        """Those of ``queue_ids`` that have ``x-message-groups`` (cached per process)."""
+        if not queue_ids:
+            return set()
+        infos = await self.limits.infos(queue_ids)
+        return {q for q, info in infos.items() if info.arguments.message_groups}
+
+    async def _release_groups(self, queue_ids: set[int]) -> None:
+        """Copies left these queues (acked): in a group queue the next copy of the group
+        may go now, to a subscriber here or on another process (contract §16), so the
+        queue is woken everywhere, as after a publish. A failed look-up wakes nothing (the
+        dispatchers' 1 s poll finds the copy) rather than fail the acks it follows."""
+        try:
+            woken = await self._grouped(queue_ids)
+        except Exception as exc:
+            log.warning("could not tell whether acked queues have groups (%s)", type(exc).__name__)
+            return
+        if woken:
+            self.after_settle(Settled(woken_queues=woken))
 
     async def ack_pull(self, owner_user: str, tag: str) -> None:
         """ACK one pulled delivery. Raises UnknownDeliveryTag."""
@@ -257,10 +282,12 @@ class Settlement:
         (acknowledged, unknown), both in request order; a tag given twice is acknowledged
         once and unknown the second time."""
         items = [(message_id, tag) for tag in tags if (message_id := parse_tag(tag)) is not None]
-        deleted = await deliveries.ack_pull_many(self.db.hot, items, owner_user)
+        by_tag = await deliveries.ack_pull_many(self.db.hot, items, owner_user)
+        deleted = set(by_tag)
         if items:
             self.metrics.ack_statements.inc()
             self.metrics.acked.inc(len(deleted))
+            await self._release_groups(set(by_tag.values()))
         acked: list[str] = []
         unknown: list[str] = []
         for tag in tags:
@@ -362,6 +389,8 @@ class Settlement:
         dropped = await self.limits.after_ready(conn, settled.woken_queues)
         self.limits.count_dropped(dropped)
         settled.woken_queues |= dropped.woken
+        # a group's head left or became ready again: its next copy (or itself) may go
+        settled.woken_queues |= await self._grouped(settled.sources)
 
     async def dead_letter(
         self, conn: Connection, doomed: Sequence[tuple[Unsettled, DeathReason]]
@@ -428,6 +457,8 @@ class Settlement:
                 self.metrics.expired.labels(outcome=Outcome.DISCARDED.value).inc(len(gone))
             if doomed:
                 self.metrics.expired.labels(outcome=Outcome.DEAD_LETTERED.value).inc(len(doomed))
+            # an expired head lets its group's next copy go (contract §16)
+            done.woken_queues |= await self._grouped({r.queue_id for r in rows})
             if done.woken_queues:
                 self.after_settle(Settled(woken_queues=done.woken_queues))
             total += len(rows)

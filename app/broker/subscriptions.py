@@ -174,6 +174,7 @@ class Subscriptions:
             unsettled=held,
             active=False,
             single_active=found.single_active,
+            groups=found.groups,
             waiting=not active,
         )
         async with self.dispatcher.lock(queue_id):

@@ -31,6 +31,8 @@ EXPIRATION_PATTERN = (
 MAX_EXPIRES_MS = 2**48
 MIN_EXPIRES_MS = 1000
 MAX_PRIORITY = 255
+#: ``properties.group_id``: 1 to this many characters (contract §16)
+MAX_GROUP_ID = 128
 #: Length limits are stored and compared as bigint.
 MAX_LENGTH = 2**63 - 1
 
@@ -60,6 +62,7 @@ MAX_LENGTH_BYTES = "x-max-length-bytes"
 OVERFLOW = "x-overflow"
 MAX_PRIORITY_KEY = "x-max-priority"
 SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
+MESSAGE_GROUPS = "x-message-groups"
 DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
 DEAD_LETTER_ROUTING_KEY = "x-dead-letter-routing-key"
 ALTERNATE_EXCHANGE = "alternate-exchange"
@@ -76,6 +79,8 @@ class QueueArguments:
     overflow: Overflow = Overflow.DROP_HEAD
     max_priority: int | None = None
     single_active_consumer: bool = False
+    #: ``x-message-groups`` (contract §16): one copy of a group in flight at a time
+    message_groups: bool = False
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
 
@@ -141,6 +146,9 @@ def parse_queue_arguments(raw: dict[str, Any]) -> QueueArguments:
     sac = raw.get(SINGLE_ACTIVE_CONSUMER, False)
     if not isinstance(sac, bool):
         raise _fail(SINGLE_ACTIVE_CONSUMER, "must be true or false")
+    groups = raw.get(MESSAGE_GROUPS, False)
+    if not isinstance(groups, bool):
+        raise _fail(MESSAGE_GROUPS, "must be true or false")
     routing_key = raw.get(DEAD_LETTER_ROUTING_KEY)
     if DEAD_LETTER_ROUTING_KEY in raw:
         if not isinstance(routing_key, str) or "\x00" in routing_key:
@@ -155,6 +163,7 @@ def parse_queue_arguments(raw: dict[str, Any]) -> QueueArguments:
         overflow=overflow,
         max_priority=_integer(raw, MAX_PRIORITY_KEY, 1, MAX_PRIORITY),
         single_active_consumer=sac,
+        message_groups=groups,
         dead_letter_exchange=_name(raw, DEAD_LETTER_EXCHANGE),
         dead_letter_routing_key=routing_key,
     )

@@ -138,6 +138,7 @@ const QUEUE_ARGUMENTS = [
   ["overflow", "x-overflow"],
   ["maxPriority", "x-max-priority"],
   ["singleActiveConsumer", "x-single-active-consumer"],
+  ["messageGroups", "x-message-groups"],
   ["deadLetterExchange", "x-dead-letter-exchange"],
   ["deadLetterRoutingKey", "x-dead-letter-routing-key"],
 ];
@@ -240,6 +241,8 @@ export class Client extends EventTarget {
    * x-overflow reject-publish or reject-publish-dlx); `duplicates` is empty for now.
    * `properties.expiration` (a string of decimal digits, ms) is the message's time to live in
    * each queue it reaches; the queue's `x-message-ttl` wins when smaller.
+   * `properties.group_id` (1-128 characters): in a queue with x-message-groups, copies of one
+   * group are delivered one at a time, in order (contract §16).
    */
   async publish(message) {
     await this._waitOpen();
@@ -272,7 +275,8 @@ export class Client extends EventTarget {
    * Declare a queue (contract §5, §13). The §13 arguments may be given by name —
    * messageTtl (x-message-ttl, ms), expires (x-expires, ms), maxLength (x-max-length),
    * maxLengthBytes (x-max-length-bytes), overflow (x-overflow), maxPriority (x-max-priority),
-   * singleActiveConsumer (x-single-active-consumer), deadLetterExchange
+   * singleActiveConsumer (x-single-active-consumer), messageGroups (x-message-groups: one
+   * copy of a group in flight at a time, contract §16), deadLetterExchange
    * (x-dead-letter-exchange), deadLetterRoutingKey (x-dead-letter-routing-key) — or in
    * `arguments` under their RabbitMQ names. Resolves with the queue and its stats.
    */

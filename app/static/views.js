@@ -576,6 +576,7 @@ function bindingForm(ctx, fixed, reload) {
 // -- queues ----------------------------------------------------------------------------
 
 const SINGLE_ACTIVE = "x-single-active-consumer";
+const MESSAGE_GROUPS = "x-message-groups";
 
 /** On a single-active-consumer queue: of its consumers the oldest is the active one (or
  * becomes it once its predecessor's deliveries are settled) and the others wait. */
@@ -601,6 +602,7 @@ export function queuesView(main, _params, ctx) {
   const limits = limitFields();
   const lifecycle = lifecycleArgumentFields();
   const singleActive = checkbox(`Single active consumer (${SINGLE_ACTIVE})`);
+  const messageGroups = checkbox(`Ordered message groups (${MESSAGE_GROUPS})`);
   const form = h(
     "form",
     { class: "card" },
@@ -612,6 +614,7 @@ export function queuesView(main, _params, ctx) {
     ...limits.els,
     ...lifecycle.els,
     singleActive.el,
+    messageGroups.el,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
@@ -619,6 +622,7 @@ export function queuesView(main, _params, ctx) {
     const argumentsValue = args.read({}, { object: true });
     if (argumentsValue === undefined) return;
     if (singleActive.input.checked) argumentsValue[SINGLE_ACTIVE] = true;
+    if (messageGroups.input.checked) argumentsValue[MESSAGE_GROUPS] = true;
     try {
       const r = await api("PUT", `/queues/${seg(name.value)}`, {
         body: {
@@ -738,6 +742,7 @@ export function queueView(main, params, ctx) {
           ["Dead-letter queue", q.dead_letter_queue ? link(q.dead_letter_queue, "queues", q.dead_letter_queue) : "none"],
           ["Ack timeout", q.ack_timeout_seconds === null ? "broker default" : `${q.ack_timeout_seconds} s`],
           ...limitRows(q.arguments),
+          ["Ordered message groups (x-message-groups)", yesNo(a[MESSAGE_GROUPS] === true)],
           ["Message TTL (x-message-ttl)", a["x-message-ttl"] === undefined ? "none" : `${a["x-message-ttl"]} ms`],
           ["Queue expiry (x-expires)", a["x-expires"] === undefined ? "never" : `${a["x-expires"]} ms unused`],
           ["Dead-letter exchange (x-dead-letter-exchange)", dlx === undefined ? "none" : link(dlx, "exchanges", dlx)],
@@ -817,6 +822,7 @@ function messageCard(m, queue, ctx, reload) {
     ["Routing key", m.routing_key],
     ["Deliveries", String(m.delivery_count)],
     m.properties && m.properties.priority !== undefined ? ["Priority", String(m.properties.priority)] : null,
+    m.properties && m.properties.group_id !== undefined ? ["Group", h("code", { "aria-label": "Group id" }, m.properties.group_id)] : null,
     ["Created", formatTime(m.created_at)],
     m.available_at !== m.created_at ? ["Available", formatTime(m.available_at)] : null,
     expiryOf(m, queueArgumentsSeen.get(queue)) ? ["Expires", formatTime(expiryOf(m, queueArgumentsSeen.get(queue)))] : null,
@@ -862,6 +868,7 @@ export function publishView(main, params, ctx) {
   const delay = h("input", { name: "delay_ms", type: "number", min: 0, max: 604800000, value: 0, inputmode: "numeric" });
   const messageId = h("input", { name: "message_id", autocomplete: "off" });
   const priority = h("input", { name: "priority", type: "number", min: 0, max: 255, inputmode: "numeric" });
+  const groupId = h("input", { name: "group_id", maxlength: 128, autocomplete: "off" });
   const mandatory = checkbox("Mandatory (refuse when no queue matches)");
   const result = h("div", { class: "result", role: "status", "aria-live": "polite" });
   const exchanges = datalist([]);
@@ -898,6 +905,7 @@ export function publishView(main, params, ctx) {
     field("Delay (ms)", delay, "0 to 604800000 (7 days)"),
     field("Message id (optional)", messageId, "Empty: the broker makes a UUID"),
     field("Priority (optional)", priority, "0–255: claim order in a queue with x-max-priority"),
+    field("Group id (optional)", groupId, "1–128 characters: one at a time, in order, in a queue with x-message-groups"),
     mandatory.el,
     h("button", { type: "submit" }, "Publish"),
   );
@@ -915,6 +923,7 @@ export function publishView(main, params, ctx) {
     };
     if (messageId.value.trim()) message.properties = { message_id: messageId.value.trim() };
     if (optionalInt(priority) !== null) message.properties = { ...message.properties, priority: optionalInt(priority) };
+    if (groupId.value !== "") message.properties = { ...message.properties, group_id: groupId.value };
     if (toQueue.checked) {
       message.queue = target.value;
     } else {

@@ -63,6 +63,28 @@ async def claim(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed]:
     return claimed_rows(await hot.fetch(queries.CLAIM, claim_params(**args)))
 
 
+def group_claim_params(**args: Unpack[ClaimArgs]) -> dict[str, Any]:
+    """The parameters of ``queries.CLAIM_GROUPS``: the claim's, and the window of ready rows
+    its walk looks at (see there)."""
+    return {**claim_params(**args), "scan": 4 * args["n"] + GROUP_WINDOW}
+
+
+#: rows beyond 4 x n that a group claim's walk looks at before it reads every group's head
+GROUP_WINDOW = 128
+
+
+async def claim_grouped(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed]:
+    """The claim of a queue with ``x-message-groups`` (contract §16): under the queue's
+    group-claim lock, in a transaction of its own (``queries.CLAIM_GROUPS``)."""
+    params = group_claim_params(**args)
+    lock = queries.LOCK_GROUP_CLAIM
+    claim = queries.CLAIM_GROUPS
+    async with hot.connection() as conn, conn.transaction():
+        await conn.fetch(lock.sql, *lock.args(params))
+        rows = await conn.fetch(claim.sql, *claim.args(params))
+    return claimed_rows(rows)
+
+
 async def seconds_until_due(hot: HotPath, queue_id: int) -> float | None:
     value = await hot.fetchval(queries.NEXT_DUE, {"queue_id": queue_id})
     return None if value is None else float(value)
@@ -104,15 +126,16 @@ async def ack_many(
 
 async def ack_pull_many(
     hot: HotPath, items: Sequence[tuple[int, str]], owner_user: str
-) -> set[str]:
-    """Delete pulled in-flight rows of ``owner_user`` by (id, tag); returns the tags deleted."""
+) -> dict[str, int]:
+    """Delete pulled in-flight rows of ``owner_user`` by (id, tag); returns the queue id of
+    each tag deleted."""
     if not items:
-        return set()
+        return {}
     rows = await hot.fetch(
         queries.ACK_PULL_MANY,
         {"ids": [i[0] for i in items], "tags": [i[1] for i in items], "owner_user": owner_user},
     )
-    return {r[0] for r in rows}
+    return {r[0]: r[1] for r in rows}
 
 
 # -- lock rows for the retry path -----------------------------------------------------------
@@ -339,9 +362,9 @@ WHERE m.id = d.id
 # read from the source row (before DEAD_LETTER moves it, in the same transaction).
 DEAD_LETTER_COPIES = text(f"""
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties, body,
-                      "binary", created_at, available_at, expires_at, priority)
+                      "binary", created_at, available_at, expires_at, priority, group_id)
 SELECT d.queue_id, m.message_id, d.exchange, d.routing_key, d.headers, m.properties, m.body,
-       m."binary", m.created_at, now(), {_TARGET_EXPIRES_AT}, {_TARGET_PRIORITY}
+       m."binary", m.created_at, now(), {_TARGET_EXPIRES_AT}, {_TARGET_PRIORITY}, m.group_id
 FROM unnest(CAST(:ids AS bigint[]), CAST(:queues AS bigint[]), CAST(:headers AS jsonb[]),
             CAST(:exchanges AS text[]), CAST(:keys AS text[]))
      WITH ORDINALITY AS d(id, queue_id, headers, exchange, routing_key, ord)
@@ -459,11 +482,12 @@ async def owned_tags(conn: AsyncConnection, owner: str, queue_id: int) -> set[st
 
 # A subscribe or a get uses the queue: one with x-expires has its deadline pushed forward in
 # the same statement (contract §13); no other queue's row is written. Also returned: whether
-# the queue has a single active consumer (contract §13).
+# the queue has a single active consumer (contract §13) and message groups (§16).
 QUEUE_BY_NAME = text("""
 WITH q AS (
     SELECT id, ack_timeout_seconds, idle_expires_at IS NOT NULL AS expires,
-           coalesce(arguments -> 'x-single-active-consumer' = 'true'::jsonb, false) AS sac
+           coalesce(arguments -> 'x-single-active-consumer' = 'true'::jsonb, false) AS sac,
+           coalesce(arguments -> 'x-message-groups' = 'true'::jsonb, false) AS groups
     FROM queues WHERE name = :name
 ), touched AS (
     UPDATE queues SET
@@ -471,7 +495,7 @@ WITH q AS (
                                   * interval '1 millisecond'
     FROM q WHERE queues.id = q.id AND q.expires
 )
-SELECT id, ack_timeout_seconds, sac FROM q
+SELECT id, ack_timeout_seconds, sac, groups FROM q
 """)
 
 
@@ -482,8 +506,12 @@ class ConsumedQueue:
     id: int
     ack_timeout_seconds: int | None
     single_active: bool
+    #: ``x-message-groups`` (contract §16): claimed with ``claim_grouped``
+    groups: bool = False
 
 
 async def queue_by_name(conn: AsyncConnection, name: str) -> ConsumedQueue | None:
     row = (await conn.execute(QUEUE_BY_NAME, {"name": name})).first()
-    return None if row is None else ConsumedQueue(int(row[0]), row[1], bool(row[2]))
+    if row is None:
+        return None
+    return ConsumedQueue(int(row[0]), row[1], bool(row[2]), bool(row[3]))

@@ -10,7 +10,7 @@ parameters and read their rows stay with their subject; the plan tests
 publish                     LOAD_ROUTES, LOAD_ROUTE_GRAPH, FIND_QUEUES, INSERT_COPIES,
                             INSERT_COPIES_HANDING_OFF (storage.messages)
 publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
-claim                       CLAIM, NEXT_DUE (storage.deliveries)
+claim                       CLAIM, CLAIM_GROUPS, LOCK_GROUP_CLAIM, NEXT_DUE (storage.deliveries)
 poll                        READY_QUEUES, READY_QUEUES_OF (storage.deliveries)
 acknowledge                 ACK_MANY, ACK_PULL_MANY (storage.deliveries)
 authenticate                LOOKUP_PASSWORD_USER, LOOKUP_SESSION (storage.accounts)
@@ -145,6 +145,11 @@ _TTL = """ttl AS (
 _EXPIRES_AT = """now() + m.delay_ms * interval '1 millisecond'
        + LEAST(t.ms, m.expiration_ms) * interval '1 millisecond'"""
 
+# properties.group_id (contract §16) as messages.group_id, in every queue (a group queue's claim
+# reads the column; elsewhere it is stored and ignored). No parameter of its own: read from the
+# properties text that the statement stores anyway.
+_GROUP_ID = "CAST(m.properties AS jsonb) ->> 'group_id'"
+
 # Every copy of every message of a publish group in ONE statement (one commit, so one WAL
 # flush for all the requests that arrived together). Each message's columns travel once
 # (arrays indexed by message), and :copy_msg/:copy_queue list the copies as (1-based
@@ -162,10 +167,11 @@ _EXPIRES_AT = """now() + m.delay_ms * interval '1 millisecond'
 _INSERT_COPIES = f"""
 WITH {_RECEIPT}, {_TTL}
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
-                      body, "binary", available_at, expires_at, priority)
+                      body, "binary", available_at, expires_at, priority, group_id)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
        m.properties::jsonb, m.body, m.is_binary,
-       now() + m.delay_ms * interval '1 millisecond', {_EXPIRES_AT}, c.priority
+       now() + m.delay_ms * interval '1 millisecond', {_EXPIRES_AT}, c.priority,
+       {_GROUP_ID}
 FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
             CAST(:copy_priority AS smallint[]))
          WITH ORDINALITY AS c(msg, queue_id, priority, ord)
@@ -214,7 +220,7 @@ numbered AS (
     FROM (
         SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers, m.properties,
                m.body, m.is_binary, m.delay_ms, {_EXPIRES_AT} AS expires_at, c.lease,
-               c.priority,
+               c.priority, {_GROUP_ID} AS group_id,
                CASE WHEN c.queue_id IN (SELECT queue_id FROM waiting) THEN NULL
                     ELSE c.owner END AS owner
         FROM copies AS c
@@ -228,7 +234,7 @@ stored AS (
                           properties, body, "binary", available_at, expires_at, status,
                           delivery_count,
                           delivered_at, lease_expires_at, delivery_tag, owner_process,
-                          owner_connection, priority)
+                          owner_connection, priority, group_id)
     SELECT id, queue_id, message_id, exchange, routing_key, headers::jsonb, properties::jsonb,
            body, is_binary, now() + delay_ms * interval '1 millisecond', expires_at,
            CASE WHEN owner IS NULL THEN 'ready' ELSE 'in_flight' END,
@@ -237,7 +243,7 @@ stored AS (
            CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => lease) END,
            CASE WHEN owner IS NOT NULL THEN {NEW_TAG_SQL.format(id="id")} END,
            CASE WHEN owner IS NOT NULL THEN CAST(:process_id AS uuid) END,
-           owner, priority
+           owner, priority, group_id
     FROM numbered
     ORDER BY id
     RETURNING id, queue_id, delivery_tag, created_at
@@ -270,6 +276,27 @@ WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 sec
 
 
 # -- claim --------------------------------------------------------------------------------
+
+
+# The claims' common end: the rows of CTE ``picked`` (id, rn) go in flight, row rn to owner
+# :owners[rn] (NULL for a pull: the row belongs to :owner_user), with a new tag and lease.
+_TAKE_PICKED = f"""UPDATE messages AS m SET
+    status = 'in_flight',
+    delivery_count = m.delivery_count + 1,
+    delivered_at = now(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
+    owner_process = CAST(:process_id AS uuid),
+    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
+    owner_user = CAST(:owner_user AS text)
+FROM picked AS p
+WHERE m.id = p.id"""
+#: what a claim returns (deliveries.claimed_rows)
+_CLAIMED = (
+    "RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,"
+    "\n          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at,"
+    " m.delivery_tag\n"
+)
 
 
 def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
@@ -329,19 +356,96 @@ WITH picked AS (
     FROM ({ready_in_claim_order("id, priority, available_at", ":n", "FOR UPDATE SKIP LOCKED")}
     ) AS s
 )
-UPDATE messages AS m SET
-    status = 'in_flight',
-    delivery_count = m.delivery_count + 1,
-    delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
-    owner_process = CAST(:process_id AS uuid),
-    owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
-WHERE m.id = p.id
-RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,
-          m.properties::text, m.body, m.binary, m.delivery_count, m.created_at, m.delivery_tag
+{_TAKE_PICKED}
+{_CLAIMED}""")
+)
+
+# -- claim in a queue with x-message-groups (contract §16) -----------------------------------
+#
+# A copy of group g is claimable when no copy of g is in flight in the queue and it is g's
+# head: the first of g's ready copies in claim order (due or not, so a delayed copy holds back
+# the copies that fall due after it). Two probes per candidate, both of migration 0012's
+# indexes, partial on rows with a group_id: ix_messages_group_head (queue, group, priority
+# descending, available_at, id; ready rows) and ix_messages_group_busy (queue, group;
+# in-flight rows). Copies without a group_id pass at once.
+_GROUP_FREE = """(c.group_id IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM messages AS f
+                    WHERE f.queue_id = :queue_id AND f.group_id IS NOT NULL
+                      AND f.group_id = c.group_id AND f.status = 'in_flight')
+        AND c.id = (SELECT h.id FROM messages AS h
+                    WHERE h.queue_id = :queue_id AND h.group_id = c.group_id
+                      AND h.status = 'ready'
+                    ORDER BY h.priority DESC, h.available_at, h.id LIMIT 1)))"""
+
+# The claim of a group queue, in ONE statement, run after the queue's transaction-scoped
+# advisory lock (deliveries.claim_grouped; a single-active queue's own lock serves as well),
+# so that group claims of one queue serialise across processes and each one's snapshot holds
+# every earlier one's commit: "no copy of g in flight" is then never read stale, and two
+# claimers can never both take a copy of one group. A copy committed late by a concurrent
+# publish at worst waits behind the copy already in flight.
+# Candidates, in claim order:
+# - ``walk``: the first :scan due ready rows in claim order (ready_in_claim_order, the plain
+#   claim's index walk) that are claimable, at most :n. With many groups the first rows are
+#   mostly heads of free groups, so this costs about what the plain claim does;
+# - ``heads``: only when the walk found fewer than :n (a one-time filter: otherwise never
+#   run), the head of every group with ready copies, by a loose index scan of
+#   ix_messages_group_head (one probe per group) — what finds the free groups when few
+#   groups hold a deep backlog and the window is all blocked copies (10 groups, 1,000,000
+#   copies: 10 probes, not a walk of the backlog).
+# Copies without a group_id beyond the window wait until the window moves (docs/delivery.md).
+# No row locks in the candidate scan: every claimer of the queue holds its lock; the UPDATE
+# re-checks ``status = 'ready'`` against a concurrent sweep or settlement (a skipped row
+# leaves its owner slot unused).
+CLAIM_GROUPS = Statement(
+    text(f"""
+WITH RECURSIVE walk AS (
+    SELECT c.id, c.priority, c.available_at
+    FROM ({ready_in_claim_order("id, priority, available_at, group_id", ":scan")}
+    ) AS c
+    WHERE {_GROUP_FREE}
+    LIMIT :n
+),
+short AS (SELECT count(*) < :n AS yes FROM walk),
+grp(group_id) AS (
+    (SELECT group_id FROM messages
+     WHERE queue_id = :queue_id AND status = 'ready' AND group_id IS NOT NULL
+       AND (SELECT yes FROM short)
+     ORDER BY group_id LIMIT 1)
+  UNION ALL
+    SELECT n.group_id FROM grp
+    CROSS JOIN LATERAL (SELECT group_id FROM messages
+                        WHERE queue_id = :queue_id AND status = 'ready'
+                          AND group_id IS NOT NULL AND group_id > grp.group_id
+                        ORDER BY group_id LIMIT 1) AS n
+),
+heads AS (
+    SELECT h.id, h.priority, h.available_at FROM grp
+    CROSS JOIN LATERAL (SELECT id, priority, available_at, expires_at FROM messages
+                        WHERE queue_id = :queue_id AND group_id = grp.group_id
+                          AND status = 'ready'
+                        ORDER BY priority DESC, available_at, id LIMIT 1) AS h
+    WHERE h.available_at <= statement_timestamp()
+      AND (h.expires_at IS NULL OR h.expires_at > statement_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM messages AS f
+                      WHERE f.queue_id = :queue_id AND f.group_id IS NOT NULL
+                        AND f.group_id = grp.group_id AND f.status = 'in_flight')
+),
+picked AS (
+    SELECT s.id, row_number() OVER (ORDER BY {CLAIM_ORDER}) AS rn
+    FROM (SELECT id, priority, available_at FROM walk
+          UNION
+          SELECT id, priority, available_at FROM heads
+          ORDER BY {CLAIM_ORDER} LIMIT :n) AS s
+)
+{_TAKE_PICKED} AND m.status = 'ready'
+{_CLAIMED}""")
+)
+
+# The queue's group-claim lock (see CLAIM_GROUPS), a statement of its own so that the claim's
+# snapshot is taken after it is granted.
+LOCK_GROUP_CLAIM = Statement(
+    text("""
+SELECT pg_advisory_xact_lock(hashtextextended('messagex.groups:' || CAST(:queue_id AS bigint), 0))
 """)
 )
 
@@ -420,7 +524,7 @@ DELETE FROM messages AS m
 USING unnest(CAST(:ids AS bigint[]), CAST(:tags AS text[])) AS a(id, tag)
 WHERE m.id = a.id AND m.delivery_tag = a.tag
   AND m.owner_connection IS NULL AND m.owner_user = :owner_user
-RETURNING m.delivery_tag
+RETURNING m.delivery_tag, m.queue_id
 """)
 )
 

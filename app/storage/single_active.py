@@ -34,7 +34,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.storage import presence, queries
-from app.storage.deliveries import ClaimArgs, Claimed, claim_params, claimed_rows
+from app.storage.deliveries import (
+    ClaimArgs,
+    Claimed,
+    claim_params,
+    claimed_rows,
+    group_claim_params,
+)
 from app.storage.fastpath import HotPath, Statement
 
 # The queues' locks, in queue id order (PostgreSQL evaluates a volatile function of the
@@ -139,10 +145,12 @@ async def claim(
     lease_seconds: float,
     process_id: str,
     connection: str,
+    groups: bool = False,
 ) -> list[Claimed] | None:
     """Claim up to ``n`` for ``connection``'s subscription, if it is the active one; None
-    when it is not (it was taken over)."""
-    params = claim_params(
+    when it is not (it was taken over). ``groups``: the queue has ``x-message-groups`` (the
+    queue's lock here serialises its claims as the group claim needs)."""
+    params = (group_claim_params if groups else claim_params)(
         queue_id=queue_id,
         n=n,
         lease_seconds=lease_seconds,
@@ -154,11 +162,14 @@ async def claim(
     return await _claim_if(hot, params, GATE, gate, passes=True)
 
 
-async def claim_pull(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed] | None:
+async def claim_pull(
+    hot: HotPath, *, groups: bool = False, **args: Unpack[ClaimArgs]
+) -> list[Claimed] | None:
     """A pull claim from a single-active queue; None (claiming nothing) while the queue has a
     subscription."""
     check = {"queue_id": args["queue_id"]}
-    return await _claim_if(hot, claim_params(**args), HAS_SUBSCRIPTION, check, passes=False)
+    params = group_claim_params(**args) if groups else claim_params(**args)
+    return await _claim_if(hot, params, HAS_SUBSCRIPTION, check, passes=False)
 
 
 async def _claim_if(
@@ -176,5 +187,6 @@ async def _claim_if(
         await conn.fetch(LOCK_HOT.sql, *LOCK_HOT.args({"queue_ids": queue_ids}))
         if bool(await conn.fetchval(test.sql, *test.args(test_params))) is not passes:
             return None
-        rows = await conn.fetch(queries.CLAIM.sql, *queries.CLAIM.args(params))
+        claim = queries.CLAIM_GROUPS if "scan" in params else queries.CLAIM
+        rows = await conn.fetch(claim.sql, *claim.args(params))
     return claimed_rows(rows)

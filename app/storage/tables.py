@@ -222,6 +222,24 @@ Index(
     messages.c.id,
     postgresql_where=text("status = 'ready' AND priority IS NOT NULL"),
 )
+# The group claim (contract §16, storage/queries.py CLAIM_GROUPS): a group's head, and the
+# loose index scan over a queue's groups; only ready rows with a group_id (migration 0012).
+Index(
+    "ix_messages_group_head",
+    messages.c.queue_id,
+    messages.c.group_id,
+    messages.c.priority.desc(),
+    messages.c.available_at,
+    messages.c.id,
+    postgresql_where=text("status = 'ready' AND group_id IS NOT NULL"),
+)
+# The group claim: whether a group has a copy in flight.
+Index(
+    "ix_messages_group_busy",
+    messages.c.queue_id,
+    messages.c.group_id,
+    postgresql_where=text("status = 'in_flight' AND group_id IS NOT NULL"),
+)
 # The ack-timeout sweep: in-flight deliveries by lease expiry.
 Index(
     "ix_messages_lease",

@@ -216,3 +216,26 @@ def test_smoke_run_moves_and_deletes_by_filter_beside_a_busy_queue(
         assert s["extra"]["publish_ratio"] > 0
         assert s["extra"]["consume_ratio"] > 0
     assert "by filter, beside a busy queue (issue 22)" in stdout
+
+
+def test_smoke_run_measures_message_groups(smoke: tuple[dict[str, Any], str]) -> None:
+    """Issue 22 (bench/groups.py): a plain, a 10,000-group and a 10-group backlog, through the
+    broker and for the claim statement alone, with ratios to the plain queue."""
+    doc, _ = smoke
+    groups = {s["name"]: s for s in by_group(doc, "groups")}
+    kinds = ("plain", "groups=10000", "groups=10")
+    assert set(groups) == {
+        f"groups {probe} backlog=2000 queue={kind}"
+        for probe in ("mx ws", "sql claim")
+        for kind in kinds
+    }, sorted(groups)
+    for s in groups.values():
+        assert s["status"] == "ok", s
+        assert s["rate"] > 0
+    for probe in ("mx ws", "sql claim"):
+        assert (
+            groups[f"groups {probe} backlog=2000 queue=groups=10000"]["extra"][
+                "rate_ratio_to_plain"
+            ]
+            > 0
+        )

@@ -351,3 +351,23 @@ async def test_single_active_consumer_waits_then_becomes_active(
         assert message.body == "to the second"
         await message.ack()
         await second.cancel()
+
+
+async def test_message_groups_one_at_a_time(mx: Client) -> None:
+    """``declare_queue(message_groups=True)`` and ``publish(group_id=...)`` (contract §16): the
+    group's second copy comes only after the first is acked; another group's meanwhile."""
+    top = mx.topology
+    made = await top.declare_queue("py-groups", message_groups=True)
+    assert made["arguments"] == {"x-message-groups": True}
+    for body, group in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+        await mx.publish(None, body, queue="py-groups", group_id=group)
+    async with mx.subscribe("py-groups", prefetch=10) as sub:
+        first = await asyncio.wait_for(anext(sub), TIMEOUT)
+        second = await asyncio.wait_for(anext(sub), TIMEOUT)
+        assert [first.body, second.body] == ["a1", "b1"]
+        await first.ack()
+        third = await asyncio.wait_for(anext(sub), TIMEOUT)
+        assert third.body == "a2"
+        await second.ack()
+        await third.ack()
+    await top.delete_queue("py-groups")

@@ -415,3 +415,31 @@ def test_single_active_consumer_from_the_form_to_the_queue_page(
         ).to_be_visible()
     expect(page.get_by_text("e2e-sac is now the single active consumer")).to_be_visible()
     expect(page.get_by_text("another subscription is the single active consumer")).to_have_count(0)
+
+
+def test_message_groups_from_the_forms_to_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    """The declare form's x-message-groups field, the publish form's group id, and a copy's
+    group on the queue page (contract §16)."""
+    log_in(page, ui_server)
+    go(page, "Queues")
+    page.get_by_label("Name", exact=True).fill("e2e-groups")
+    page.get_by_label("Ordered message groups (x-message-groups)").check()
+    page.get_by_role("button", name="Declare queue").click()
+    expect(page.get_by_text("Queue e2e-groups declared")).to_be_visible()
+    assert rest.get("/queues/e2e-groups").json()["arguments"] == {"x-message-groups": True}
+    go(page, "Publish")
+    page.get_by_label("a queue (the default exchange)").check()
+    page.get_by_label("Queue", exact=True).fill("e2e-groups")
+    page.get_by_label("Body (any JSON value)").fill("1")
+    page.get_by_label("Group id (optional)").fill("order-42")
+    page.get_by_role("button", name="Publish").click()
+    wait_for(lambda: rest.get("/queues/e2e-groups").json()["stats"]["ready"] == 1)
+    (item,) = rest.get("/queues/e2e-groups/messages").json()["items"]
+    assert item["properties"]["group_id"] == "order-42"
+    go(page, "Queues")
+    page.get_by_role("link", name="e2e-groups", exact=True).click()
+    expect(page.get_by_role("heading", name="Queue e2e-groups")).to_be_visible()
+    expect(page.get_by_text("Ordered message groups (x-message-groups)")).to_be_visible()
+    expect(page.get_by_label("Group id", exact=True)).to_have_text("order-42")

@@ -30,7 +30,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from app.api import codec
 from app.api.schemas.common import StrictModel
 from app.api.shortcut import FastDecoder
-from app.domain.arguments import EXPIRATION_PATTERN, MAX_PRIORITY, expiration_problem
+from app.domain.arguments import (
+    EXPIRATION_PATTERN,
+    MAX_GROUP_ID,
+    MAX_PRIORITY,
+    expiration_problem,
+)
 from app.domain.model import (
     MAX_DELAY_MS,
     NAME_PATTERN,
@@ -119,6 +124,20 @@ class MessageProperties(StrictModel):
             description=(
                 "Time to live in ms as a string of decimal digits (0-4294967295), as in AMQP; "
                 "the smaller of this and the queue's x-message-ttl applies"
+            ),
+        ),
+    ] = None
+    group_id: Annotated[
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=MAX_GROUP_ID),
+            AfterValidator(_storable_text),
+        ]
+        | None,
+        Field(
+            description=(
+                "1-128 characters; in a queue with x-message-groups, copies of one group are "
+                "delivered one at a time, in order (stored and ignored elsewhere)"
             ),
         ),
     ] = None
@@ -247,8 +266,8 @@ class PublishBatch(StrictModel):
 # agree). It saves ~15 µs of model building per message (1.9 ms per batch of 100).
 
 _ITEM_KEYS = frozenset(PublishBody.model_fields)
-#: The string properties; ``priority`` and ``expiration`` are left to the model.
-_PROPERTY_KEYS = frozenset(MessageProperties.model_fields) - {"priority", "expiration"}
+#: The string properties; ``priority``, ``expiration`` and ``group_id`` are left to the model.
+_PROPERTY_KEYS = frozenset(MessageProperties.model_fields) - {"priority", "expiration", "group_id"}
 
 
 def _plain_text(value: Any) -> bool:

@@ -392,6 +392,7 @@ class Client:
         mandatory: bool = False,
         priority: int | None = None,
         expiration_ms: int | None = None,
+        group_id: str | None = None,
     ) -> PublishResult:
         """Publish with confirm: returns once the broker has committed the message.
 
@@ -402,7 +403,8 @@ class Client:
         outcome is then unknown: give a ``message_id`` to de-duplicate a retry).
         ``expiration_ms`` is the message's time to live in each queue it reaches (AMQP's
         ``expiration`` property, sent as its decimal string; the queue's ``x-message-ttl``
-        wins when smaller; 0 to 4294967295).
+        wins when smaller; 0 to 4294967295). ``group_id`` (1-128 characters): in a queue with
+        ``x-message-groups``, copies of one group are delivered one at a time, in order.
         """
         if (exchange is None) == (queue is None):
             raise ValueError("give exactly one of exchange and queue")
@@ -422,6 +424,7 @@ class Client:
             "content_type": content_type,
             "priority": priority,  # 0-255: claim order in a queue with x-max-priority
             "expiration": None if expiration_ms is None else str(expiration_ms),
+            "group_id": group_id,  # one at a time, in order, in a queue with x-message-groups
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
         reply = await self._call(frame)

@@ -104,6 +104,7 @@ class Topology(MessageOperations):
         overflow: Overflow | None = None,
         max_priority: int | None = None,
         single_active_consumer: bool | None = None,
+        message_groups: bool | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         arguments: dict[str, Any] | None = None,
@@ -123,6 +124,7 @@ class Topology(MessageOperations):
             ("x-overflow", overflow),
             ("x-max-priority", max_priority),
             ("x-single-active-consumer", single_active_consumer),
+            ("x-message-groups", message_groups),
             ("x-dead-letter-exchange", dead_letter_exchange),
             ("x-dead-letter-routing-key", dead_letter_routing_key),
         ):
