@@ -344,6 +344,50 @@ BEGIN
 END
 $fn$;
 
+-- The length rule's reads of a limited queue (storage/limits.py READY_SIZES and HEAD): planned
+-- for the table as it is at each call (plan_cache_mode, as the broker's own connections plan
+-- them: a plan cached while the table was empty would read all of it once it is not).
+CREATE FUNCTION messagex._ready_size(
+    p_queue bigint, p_clock timestamptz, OUT n bigint, OUT bytes bigint
+) LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan AS $fn$
+    SELECT count(*), coalesce(sum(length(m.body)), 0)::bigint FROM messages AS m
+    WHERE m.queue_id = p_queue AND m.status = 'ready' AND m.available_at <= p_clock
+$fn$;
+
+-- Drop-head: the oldest ready copies in claim order leave until the queue is within its
+-- limits (p_over copies and p_over_bytes bytes too many) — deleted, or with a dead-letter
+-- target parked (status 'dead') for the broker's maxlen dead-lettering. SKIP LOCKED: a row
+-- another transaction holds is being claimed, so is leaving the ready set anyway.
+CREATE FUNCTION messagex._trim(
+    p_queue bigint, p_clock timestamptz, p_over bigint, p_over_bytes bigint,
+    p_has_target boolean
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_custom_plan AS $fn$
+DECLARE
+    h record;
+    leaving bigint[] := '{}';
+    over bigint := p_over;
+    over_bytes bigint := p_over_bytes;
+BEGIN
+    FOR h IN SELECT m.id, length(m.body) AS size FROM messages AS m
+             WHERE m.queue_id = p_queue AND m.status = 'ready' AND m.available_at <= p_clock
+               AND (m.expires_at IS NULL OR m.expires_at > p_clock)
+             ORDER BY m.priority DESC NULLS LAST, m.available_at, m.id
+             LIMIT CASE WHEN p_over_bytes > 0 THEN NULL ELSE p_over END
+             FOR UPDATE SKIP LOCKED LOOP
+        EXIT WHEN over <= 0 AND over_bytes <= 0;
+        leaving := array_append(leaving, h.id);
+        over := over - 1;
+        over_bytes := over_bytes - h.size;
+    END LOOP;
+    IF p_has_target THEN
+        UPDATE messages SET status = 'dead' WHERE id = ANY(leaving);
+    ELSE
+        DELETE FROM messages WHERE id = ANY(leaving);
+    END IF;
+END
+$fn$;
+
 -- The one publish: p_queue set means straight into that queue (the default exchange).
 CREATE FUNCTION messagex._publish(
     p_exchange text, p_queue text, p_key text, p_body bytea, p_binary boolean,
@@ -384,10 +428,11 @@ DECLARE
     over bigint;
     over_bytes bigint;
     clock timestamptz;
-    h record;
-    leaving bigint[];
 BEGIN
     -- validation: everything before anything is stored
+    IF p_exchange IS NULL AND p_queue IS NULL THEN
+        PERFORM messagex._fail('validation_error', 'the exchange (or queue) must not be NULL');
+    END IF;
     IF p_key IS NULL THEN
         PERFORM messagex._fail('validation_error', 'routing_key must not be NULL');
     END IF;
@@ -484,9 +529,8 @@ BEGIN
         overflow := coalesce(args ->> 'x-overflow', 'drop-head');
         IF qid = ANY(limited) THEN
             clock := clock_timestamp();  -- after the lock: every earlier commit is counted
-            SELECT count(*), coalesce(sum(length(m.body)), 0) INTO ready, ready_bytes
-            FROM messages AS m
-            WHERE m.queue_id = qid AND m.status = 'ready' AND m.available_at <= clock;
+            SELECT r.n, r.bytes INTO ready, ready_bytes
+            FROM messagex._ready_size(qid, clock) AS r;
         END IF;
         IF qid = ANY(limited) AND overflow IN ('reject-publish', 'reject-publish-dlx')
            AND p_delay_ms = 0
@@ -530,23 +574,7 @@ BEGIN
             over_bytes := CASE WHEN max_bytes IS NOT NULL
                                THEN GREATEST(ready_bytes - max_bytes, 0) ELSE 0 END;
             IF over > 0 OR over_bytes > 0 THEN
-                leaving := '{}';
-                FOR h IN SELECT m.id, length(m.body) AS size FROM messages AS m
-                         WHERE m.queue_id = qid AND m.status = 'ready'
-                           AND m.available_at <= clock
-                           AND (m.expires_at IS NULL OR m.expires_at > clock)
-                         ORDER BY m.priority DESC NULLS LAST, m.available_at, m.id
-                         FOR UPDATE SKIP LOCKED LOOP
-                    EXIT WHEN over <= 0 AND over_bytes <= 0;
-                    leaving := array_append(leaving, h.id);
-                    over := over - 1;
-                    over_bytes := over_bytes - h.size;
-                END LOOP;
-                IF has_target THEN
-                    UPDATE messages SET status = 'dead' WHERE id = ANY(leaving);
-                ELSE
-                    DELETE FROM messages WHERE id = ANY(leaving);
-                END IF;
+                PERFORM messagex._trim(qid, clock, over, over_bytes, has_target);
             END IF;
         END IF;
     END LOOP;
@@ -602,7 +630,8 @@ $fn$;
 -- after the commit; and the queue, when its next delivery may have waited on this one (a
 -- single active consumer's hand-over, a message group).
 CREATE FUNCTION messagex.ack(delivery_tag text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {path} AS $fn$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {path}
+SET plan_cache_mode = force_custom_plan AS $fn$
 DECLARE
     tag text := delivery_tag;
     row_id bigint;
@@ -641,6 +670,8 @@ _FUNCTIONS = [
     "messagex._fail(text, text)",
     "messagex._int_arg(jsonb, text)",
     "messagex._properties(jsonb)",
+    "messagex._ready_size(bigint, timestamptz)",
+    "messagex._trim(bigint, timestamptz, bigint, bigint, boolean)",
     "messagex._publish(text, text, text, bytea, boolean, jsonb, jsonb, bigint)",
     "messagex.publish(text, text, jsonb, jsonb, jsonb, bigint)",
     "messagex.publish_bytes(text, text, bytea, jsonb, jsonb, bigint)",
