@@ -406,7 +406,7 @@ DECLARE
     ids bigint[];
     names text[];
     q record;
-    info jsonb := '{}';        -- queue id -> {name, arguments, target}
+    info jsonb := '{}';        -- queue id -> {a: its arguments, t: has a dead-letter target}
     limited bigint[] := '{}';
     stored text[] := '{}';
     rejected text[] := '{}';
