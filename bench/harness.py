@@ -36,6 +36,7 @@ from bench import (
     report,
     scale,
     scale_idle,
+    sqlpublish,
 )
 from bench.infra import (
     DEFAULT_DATABASE_URL,
@@ -63,6 +64,7 @@ GROUPS = (
     "expiry",
     "filterops",
     "groups",
+    "sqlpublish",
 )
 NEEDS_BROKER = {
     "ceiling",
@@ -75,6 +77,7 @@ NEEDS_BROKER = {
     "expiry",
     "filterops",
     "groups",
+    "sqlpublish",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -188,7 +191,17 @@ def parser() -> argparse.ArgumentParser:
 
 #: the groups whose scenarios use the bench database's messages table
 ON_POSTGRES = frozenset(
-    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "filterops", "groups"}
+    {
+        "ceiling",
+        "messagex",
+        "groupcommit",
+        "idle",
+        "limits",
+        "expiry",
+        "filterops",
+        "groups",
+        "sqlpublish",
+    }
 )
 
 
@@ -482,6 +495,9 @@ class Run:
         await self.scenario("scale", f"mx overview messages={messages} queues={queues}", work)
         await scale_idle.run(self)
 
+    async def run_sqlpublish(self) -> None:
+        await sqlpublish.run(self)  # issue 21, contract §18: bench/sqlpublish.py
+
     async def run_limits(self) -> None:
         await limits.run(self)  # issue 20, lc-limits: bench/limits.py
 
@@ -541,6 +557,7 @@ class Run:
             "expiry": self.run_expiry,
             "filterops": self.run_filterops,
             "groups": self.run_groups,
+            "sqlpublish": self.run_sqlpublish,
         }
         started = time.monotonic()
         try:
