@@ -31,6 +31,15 @@ from messagex_client.errors import (
     Unroutable,
 )
 from messagex_client.topology import ALTERNATE_EXCHANGE, Binding, Topology
+from messagex_client.transactional import (
+    PublishOptions,
+    ack_in_transaction,
+    ack_in_transaction_sync,
+    publish_in_transaction,
+    publish_in_transaction_sync,
+    publish_to_queue_in_transaction,
+    publish_to_queue_in_transaction_sync,
+)
 
 __all__ = [
     "ALTERNATE_EXCHANGE",
@@ -44,6 +53,7 @@ __all__ = [
     "Message",
     "MessageXError",
     "NotFound",
+    "PublishOptions",
     "PublishResult",
     "RateLimited",
     "StaleDelivery",
@@ -52,6 +62,12 @@ __all__ = [
     "Topology",
     "UnknownDeliveryTag",
     "Unroutable",
+    "ack_in_transaction",
+    "ack_in_transaction_sync",
+    "publish_in_transaction",
+    "publish_in_transaction_sync",
+    "publish_to_queue_in_transaction",
+    "publish_to_queue_in_transaction_sync",
     "websocket_url",
 ]
 __version__ = "0.1.0"
