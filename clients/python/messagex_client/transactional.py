@@ -259,8 +259,8 @@ def _publish_call(
     if to_queue:
         if binary:
             raise TypeError(
-                "messagex.publish_to_queue takes a JSON body; publish bytes through the "
-                'default exchange: publish_in_transaction(conn, "", queue, body)'
+                "messagex.publish_to_queue takes a JSON body; publish bytes through an "
+                "exchange (publish_in_transaction with a bytes body: messagex.publish_bytes)"
             )
         fn, names = "publish_to_queue", ["queue"]
     else:
@@ -375,8 +375,7 @@ async def publish_in_transaction(
     ``conn``: an asyncpg connection, a psycopg ``AsyncConnection`` or an SQLAlchemy
     ``AsyncSession``/``AsyncConnection``. Keywords: :class:`PublishOptions` (``headers``,
     ``properties``, ``message_id``, ``correlation_id``, ``reply_to``, ``content_type``,
-    ``priority``, ``expiration_ms``, ``group_id``, ``delay_ms``). ``exchange=""`` with the
-    queue's name as ``routing_key`` publishes straight into a queue (the default exchange).
+    ``priority``, ``expiration_ms``, ``group_id``, ``delay_ms``).
     """
     call = _prepare([exchange, routing_key], body, options)
     return _result(await _run_async(conn, call))
