@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import orjson
 
 from app.broker.services import Services
 from app.config import Settings, load_settings
@@ -260,3 +261,53 @@ def metric(text: str, name: str, **labels: str) -> float | None:
         if found == labels:
             return float(value)
     return None
+
+
+class Sql:
+    """An application's own connection (asyncpg, on a loop of its own: the tests are sync, as
+    the WebSocket and HTTP clients are). JSON in and out as Python values."""
+
+    def __init__(self, dsn: str, *, codec: bool = True) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(dsn))
+        if codec:
+            self.loop.run_until_complete(
+                self.conn.set_type_codec(
+                    "jsonb", encoder=_json, decoder=orjson.loads, schema="pg_catalog"
+                )
+            )
+        self.depth = 0
+
+    def val(self, query: str, *args: Any) -> Any:
+        return self.loop.run_until_complete(self.conn.fetchval(query, *args))
+
+    def rows(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        found: list[asyncpg.Record] = self.loop.run_until_complete(self.conn.fetch(query, *args))
+        return found
+
+    def exec(self, query: str, *args: Any) -> None:
+        self.loop.run_until_complete(self.conn.execute(query, *args))
+
+    @contextmanager
+    def tx(self) -> Iterator[None]:
+        """A transaction, or inside one a savepoint; rolled back by an exception."""
+        self.depth += 1
+        name = f"s{self.depth}"
+        self.exec("BEGIN" if self.depth == 1 else f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self.exec("ROLLBACK" if self.depth == 1 else f"ROLLBACK TO SAVEPOINT {name}")
+            raise
+        else:
+            self.exec("COMMIT" if self.depth == 1 else f"RELEASE SAVEPOINT {name}")
+        finally:
+            self.depth -= 1
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()

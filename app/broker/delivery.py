@@ -111,6 +111,10 @@ class DeliveryEngine:
             every(EXPIRY_SWEEP_SECONDS, self.settlement.sweep_expired_copies, "expiry"),
             name="expiry",
         )
+        spawn(
+            every(EXPIRY_SWEEP_SECONDS, self.settlement.dead_letter_parked, "sql-parked"),
+            name="sql-parked",
+        )
         spawn(every(RECONCILE_SECONDS, self.credit.reconcile_all, "reconcile"), name="reconcile")
         spawn(every(LIVENESS_SECONDS, self.credentials.check, "liveness"), name="liveness")
         spawn(every(CHECK_SECONDS, self.single.check_all, "single-active"), name="single-active")

@@ -15,6 +15,7 @@ from app.broker.tasks import TaskOwner, every
 from app.broker.topology import TopologyService
 from app.config import Settings
 from app.metrics import Metrics
+from app.storage import sqlapi
 from app.storage.database import Database
 
 #: expired sessions are deleted (and their sockets closed) this often
@@ -45,6 +46,11 @@ class Services:
     async def start(self) -> None:
         """Bootstrap accounts, start the delivery engine and connect the services' events."""
         await self.auth.bootstrap()
+        await sqlapi.write_settings(
+            self.db,
+            max_message_bytes=self.settings.max_message_bytes,
+            max_header_bytes=self.settings.max_header_bytes,
+        )
         self.publisher.add_published_listener(self.delivery.on_published)
         self.publisher.add_delayed_listener(self.delivery.on_delayed)
         self.publisher.set_reserve(self.subscriptions.reserve)

@@ -24,7 +24,7 @@ from app.broker.tasks import TaskOwner
 from app.domain.retry import DeathReason, Decision, Outcome, decide, is_cycle, with_death
 from app.errors import UnknownDeliveryTag
 from app.metrics import Metrics
-from app.storage import deliveries
+from app.storage import deliveries, sqlapi
 from app.storage.database import Connection, Database
 from app.storage.deliveries import DeadLetterMove, Decisions, Unsettled
 
@@ -408,6 +408,25 @@ class Settlement:
         """The length rule's dead-lettering (``storage.limits.DeadLetterHook``): the copies
         ``ids`` leave with reason ``maxlen``; returns the queues that received copies."""
         return (await self.dead_letter_ids(conn, ids, DeathReason.MAXLEN)).woken_queues
+
+    async def dead_letter_parked(self) -> int:
+        """Dead-letter (reason ``maxlen``) the copies a SQL publish (contract §18) parked:
+        the ones a limited queue with a dead-letter target shed or rejected, which SQL cannot
+        route on (storage/sqlapi.py). Within a second of its commit; SKIP LOCKED, so that
+        several processes may run it at once."""
+        total = 0
+        while True:
+            async with self.db.transaction() as conn:
+                ids = await sqlapi.lock_parked(conn, EXPIRY_BATCH)
+                woken = await self.dead_letter_maxlen(conn, ids) if ids else set()
+                dropped = await self.limits.after_ready(conn, woken)
+            self.limits.count_dropped(dropped)
+            woken |= dropped.woken
+            if woken:
+                self.after_settle(Settled(woken_queues=woken))
+            total += len(ids)
+            if len(ids) < EXPIRY_BATCH:
+                return total
 
     async def sweep_expired_copies(self) -> int:
         """Remove ready copies past their expiry (contract §13): dead-lettered with reason

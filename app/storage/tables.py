@@ -242,6 +242,9 @@ Index(
 )
 # Browse, stats, purge and the ON DELETE CASCADE from queues.
 Index("ix_messages_queue", messages.c.queue_id, messages.c.id)
+# Copies the SQL publish (contract §18, migration 0013) parked for the broker's maxlen
+# dead-lettering: status 'dead' in a queue with a dead-letter target (where nothing else is).
+Index("ix_messages_parked", messages.c.queue_id, postgresql_where=text("status = 'dead'"))
 
 broker_users = Table(
     "broker_users",
@@ -362,3 +365,15 @@ publish_receipts = Table(
     _ts("created_at"),
 )
 Index(None, publish_receipts.c.created_at)
+
+publish_settings = Table(
+    "publish_settings",
+    metadata,
+    # The broker's size limits, written at every start (app/storage/sqlapi.py), for the SQL
+    # publish of contract §18 (schema messagex, migration 0013), which cannot see them.
+    Column("id", SmallInteger, primary_key=True, server_default=text("1")),
+    Column("max_message_bytes", BigInteger, nullable=False),
+    Column("max_header_bytes", BigInteger, nullable=False),
+    _ts("updated_at"),
+    CheckConstraint("id = 1", name="one_row"),
+)
