@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 import httpx
-
 import messagex_client as mx
+
 from app.storage.dsn import asyncpg_dsn
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, async_wait_for
 
@@ -24,7 +24,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses and pydantic look their module up
     spec.loader.exec_module(module)

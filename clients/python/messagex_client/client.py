@@ -91,7 +91,9 @@ class PublishResult:
 @dataclass(eq=False, slots=True)
 class Message:
     """One delivery. ``body`` is the JSON value, or ``bytes`` for a binary message
-    (published with ``body_base64``). Settle it with :meth:`ack` or :meth:`nack`."""
+    (published with ``body_base64``). Settle it with :meth:`ack` or :meth:`nack`, or ack it
+    in your own database transaction with ``ack_in_transaction(conn, message.delivery_tag)``
+    (contract §18) — then never also with :meth:`ack` / :meth:`nack` here."""
 
     queue: str
     exchange: str
