@@ -150,7 +150,9 @@ def run_exactly_once(database_url: str, logs: Path, count: int, kills: int, seco
         sql(url, EFFECTS_TABLE)
         ledger = Ledger()
         asyncio.run(_publish(url, ledger, queue, count))
-        slow = sorted(rng.sample(range(count), 2))
+        # slow messages among the last tenth: first delivered after the last kill (which comes
+        # by three quarters of the run), so their first ack surely times out and returns false
+        slow = sorted(rng.sample(range(count * 9 // 10, count), 2))
         ledger_file = logs / "eo-ledger.jsonl"
         logs.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + seconds
@@ -183,6 +185,11 @@ def run_exactly_once(database_url: str, logs: Path, count: int, kills: int, seco
                         interval=0.05,
                         message="the last consumer to finish the queue",
                     )
+                    # a clean stop: it finishes what it holds (a slow message's ack, false)
+                    proc.send_signal(signal.SIGTERM)
+                    assert proc.wait(timeout=15) == 0, (
+                        logs / f"eo-consumer-c{run}.log"
+                    ).read_text()
             finally:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)

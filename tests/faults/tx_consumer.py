@@ -24,7 +24,9 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import time
+from collections.abc import AsyncIterator, Sequence
 from typing import IO, Any
 
 import asyncpg
@@ -56,64 +58,98 @@ async def _work(
     inbox: asyncio.Queue[Message],
     ledger: IO[str],
 ) -> None:
-    """One of ``--workers`` tasks: each message in its own transaction, effect + SQL ack."""
+    """One of ``--workers`` tasks."""
     while True:
         message = await inbox.get()
-        n = int(message.body["n"])
-        if n in args.slow and message.delivery_count == 1:
-            await asyncio.sleep(args.slow_seconds)  # past the ack timeout
         try:
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute(
-                    "INSERT INTO eo_effects (message_id, n, consumer, delivery_tag) "
-                    "VALUES ($1, $2, $3, $4)",
-                    message.message_id,
-                    n,
-                    args.name,
-                    message.delivery_tag,
-                )
-                if not await ack_in_transaction(conn, message.delivery_tag):
-                    raise NotOurs
-            outcome = "acked"
-        except NotOurs:
-            outcome = "ack_rejected:false"
+            await _handle(args, pool, message, ledger)
+        finally:
+            inbox.task_done()
+
+
+async def _handle(
+    args: argparse.Namespace, pool: asyncpg.Pool, message: Message, ledger: IO[str]
+) -> None:
+    """The message's effect and its SQL ack, in one transaction."""
+    n = int(message.body["n"])
+    if n in args.slow and message.delivery_count == 1:
+        await asyncio.sleep(args.slow_seconds)  # past the ack timeout
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO eo_effects (message_id, n, consumer, delivery_tag) "
+                "VALUES ($1, $2, $3, $4)",
+                message.message_id,
+                n,
+                args.name,
+                message.delivery_tag,
+            )
+            if not await ack_in_transaction(conn, message.delivery_tag):
+                raise NotOurs
+        outcome = "acked"
+    except NotOurs:
+        outcome = "ack_rejected:false"
+    _write(
+        ledger,
+        {"e": "s", "tag": message.delivery_tag, "outcome": outcome, "at": time.monotonic()},
+    )
+
+
+async def _read(
+    args: argparse.Namespace,
+    messages: AsyncIterator[Message],
+    connection: str,
+    inbox: asyncio.Queue[Message],
+    workers: Sequence[asyncio.Future[None]],
+    ledger: IO[str],
+) -> None:
+    async for message in messages:
         _write(
             ledger,
-            {"e": "s", "tag": message.delivery_tag, "outcome": outcome, "at": time.monotonic()},
+            {
+                "e": "d",
+                "consumer": args.name,
+                "connection": connection,
+                "queue": message.queue,
+                "message_id": message.message_id,
+                "tag": message.delivery_tag,
+                "count": message.delivery_count,
+                "redelivered": message.redelivered,
+                "at": time.monotonic(),
+            },
         )
+        inbox.put_nowait(message)
+        for worker in workers:
+            if worker.done():
+                worker.result()  # a worker died: so does the process
 
 
 async def run(args: argparse.Namespace) -> None:
+    """Consume until SIGTERM (then finish every delivery taken, and exit) or SIGKILL."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     with open(args.ledger, "a", encoding="utf-8") as ledger:  # noqa: ASYNC230 - line writes
         async with (
             asyncpg.create_pool(args.database_url, min_size=1, max_size=args.workers) as pool,
             Client(args.broker_url, username=args.user, password=args.password) as client,
             client.subscribe(args.queue, prefetch=args.prefetch) as messages,
         ):
-            connection = f"{args.name}:{client.connection_id}"
             inbox: asyncio.Queue[Message] = asyncio.Queue()
             workers = [
                 asyncio.ensure_future(_work(args, pool, inbox, ledger)) for _ in range(args.workers)
             ]
-            async for message in messages:
-                _write(
-                    ledger,
-                    {
-                        "e": "d",
-                        "consumer": args.name,
-                        "connection": connection,
-                        "queue": message.queue,
-                        "message_id": message.message_id,
-                        "tag": message.delivery_tag,
-                        "count": message.delivery_count,
-                        "redelivered": message.redelivered,
-                        "at": time.monotonic(),
-                    },
-                )
-                inbox.put_nowait(message)
-                for worker in workers:
-                    if worker.done():
-                        worker.result()  # a worker died: so does the process
+            connection = f"{args.name}:{client.connection_id}"
+            reader = asyncio.ensure_future(
+                _read(args, messages, connection, inbox, workers, ledger)
+            )
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # it ended by itself: an error, raised here
+            reader.cancel()
+            await inbox.join()  # every delivery taken is settled (or found no longer ours)
+            for worker in workers:
+                worker.cancel()
 
 
 def main() -> None:
