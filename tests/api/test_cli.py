@@ -152,7 +152,7 @@ def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
         # The embedded server went away with the broker.
         assert not (pgdata / "postmaster.pid").exists()
         wait_for(partial(_gone, pid), timeout=10, message="embedded postgres to exit")
-    stopped = _database_url_command(data_dir)
+    stopped = _database_url_command(MESSAGEX_DATA_DIR=str(data_dir))
     assert stopped.returncode == 1
     assert "no embedded PostgreSQL is running" in stopped.stderr
     print(
@@ -161,10 +161,10 @@ def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
     )
 
 
-def _database_url_command(data_dir: Path) -> subprocess.CompletedProcess[str]:
+def _database_url_command(**env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(MESSAGEX), "database-url"],
-        env=_base_env(MESSAGEX_DATA_DIR=str(data_dir)),
+        env=_base_env(**env),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -175,7 +175,7 @@ def _database_url_command(data_dir: Path) -> subprocess.CompletedProcess[str]:
 
 def _check_database_url(data_dir: Path) -> None:
     """``messagex database-url`` prints a URL an application connects to (§18)."""
-    result = _database_url_command(data_dir)
+    result = _database_url_command(MESSAGEX_DATA_DIR=str(data_dir))
     assert result.returncode == 0, result.stderr
     url = result.stdout.strip()
 
@@ -192,15 +192,7 @@ def _check_database_url(data_dir: Path) -> None:
 
 def test_database_url_prints_database_url_as_set() -> None:
     url = "postgresql://app@db.example:5432/orders"
-    result = subprocess.run(
-        [str(MESSAGEX), "database-url"],
-        env=_base_env(DATABASE_URL=url),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _database_url_command(DATABASE_URL=url)
     assert result.returncode == 0, result.stderr
     assert result.stdout == url + "\n"
 

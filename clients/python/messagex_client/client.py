@@ -87,6 +87,18 @@ class PublishResult:
     rejected: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, reply: dict[str, Any]) -> PublishResult:
+        """From the broker's publish result (a ``PUBLISHED`` frame, or ``messagex.publish``'s
+        JSON)."""
+        return cls(
+            routed=bool(reply["routed"]),
+            queues=list(reply["queues"]),
+            message_id=str(reply["message_id"]),
+            rejected=list(reply.get("rejected", [])),
+            duplicates=list(reply.get("duplicates", [])),
+        )
+
 
 @dataclass(eq=False, slots=True)
 class Message:
@@ -426,14 +438,7 @@ class Client:
             "expiration": None if expiration_ms is None else str(expiration_ms),
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
-        reply = await self._call(frame)
-        return PublishResult(
-            routed=bool(reply["routed"]),
-            queues=list(reply["queues"]),
-            message_id=str(reply["message_id"]),
-            rejected=list(reply.get("rejected", [])),
-            duplicates=list(reply.get("duplicates", [])),
-        )
+        return PublishResult.of(await self._call(frame))
 
     def subscribe(self, queue: str, *, prefetch: int = 1) -> Subscription:
         """A subscription to ``queue`` (started by ``async with``, ``start()`` or iterating)."""

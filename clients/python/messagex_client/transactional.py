@@ -219,14 +219,7 @@ def _properties(
 
 
 def _result(raw: Any) -> PublishResult:
-    reply = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    return PublishResult(
-        routed=bool(reply["routed"]),
-        queues=list(reply["queues"]),
-        message_id=str(reply["message_id"]),
-        rejected=list(reply.get("rejected", [])),
-        duplicates=list(reply.get("duplicates", [])),
-    )
+    return PublishResult.of(json.loads(raw) if isinstance(raw, str | bytes) else raw)
 
 
 class _Call:
