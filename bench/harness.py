@@ -34,6 +34,7 @@ from bench import (
     report,
     scale,
     scale_idle,
+    sqlpublish,
 )
 from bench.infra import (
     DEFAULT_DATABASE_URL,
@@ -59,6 +60,7 @@ GROUPS = (
     "scale",
     "limits",
     "expiry",
+    "sqlpublish",
 )
 NEEDS_BROKER = {
     "ceiling",
@@ -69,6 +71,7 @@ NEEDS_BROKER = {
     "scale",
     "limits",
     "expiry",
+    "sqlpublish",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -175,7 +178,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 #: the groups whose scenarios use the bench database's messages table
-ON_POSTGRES = frozenset({"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry"})
+ON_POSTGRES = frozenset(
+    {"ceiling", "messagex", "groupcommit", "idle", "limits", "expiry", "sqlpublish"}
+)
 
 
 @dataclass
@@ -459,6 +464,9 @@ class Run:
         await self.scenario("scale", f"mx overview messages={messages} queues={queues}", work)
         await scale_idle.run(self)
 
+    async def run_sqlpublish(self) -> None:
+        await sqlpublish.run(self)  # issue 21, contract §18: bench/sqlpublish.py
+
     async def run_limits(self) -> None:
         await limits.run(self)  # issue 20, lc-limits: bench/limits.py
 
@@ -513,6 +521,7 @@ class Run:
             "scale": self.run_scale,
             "limits": self.run_limits,
             "expiry": self.run_expiry,
+            "sqlpublish": self.run_sqlpublish,
         }
         started = time.monotonic()
         try:

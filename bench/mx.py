@@ -7,6 +7,7 @@ import base64
 import contextlib
 import itertools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -470,17 +471,32 @@ async def paced(count: int, interval: float, send: Any) -> list[int]:
     return durations
 
 
-async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Result:
+#: ``publish(queue, seq)`` of the idle scenario, when another way than REST is measured
+IdlePublish = Callable[[str, int], Awaitable[None]]
+
+
+async def idle_latency(
+    s: Settings,
+    count: int,
+    interval: float = 0.01,
+    *,
+    via: IdlePublish | None = None,
+    name: str = "mx idle 1 msg/10 ms",
+) -> Result:
     """One message every 10 ms to a subscribed consumer (prefetch 1); the publisher is a raw
-    keep-alive HTTP connection (RawHttp), the consumer a WebSocket."""
+    keep-alive HTTP connection (RawHttp), or ``via``, the consumer a WebSocket."""
     queue = unique("idle")
     await s.mx.declare_queue(queue)
     sink = Sink(count)
-    params = {"interval_ms": interval * 1000, "prefetch": 1, "publish": "single", "client": "raw"}
+    client = "raw" if via is None else "sql"
+    params = {"interval_ms": interval * 1000, "prefetch": 1, "publish": "single", "client": client}
     ws = await s.mx.subscribe(queue, 1)
     http = await RawHttp.open(s.mx.port)
 
     async def publish(seq: int) -> None:
+        if via is not None:
+            await via(queue, seq)
+            return
         body = b'{"body":' + make_body(seq) + b"}"
         await http.send(s.mx.post(f"/queues/{queue}/messages", body))
 
@@ -495,7 +511,7 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
         status = await race(sink.done, [consumer, publisher], s.deadline + count * interval)
         confirms = publisher.result() if publisher.done() and not publisher.cancelled() else []
         status, note = await _finish(s, queue, status, [consumer, publisher], sink)
-        result = throughput_result("idle", "mx idle 1 msg/10 ms", params, sink, started, status)
+        result = throughput_result("idle", name, params, sink, started, status)
         result.rate = None
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
         result.extra["publish_confirm_ms"] = latency_summary(confirms)

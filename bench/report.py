@@ -189,7 +189,9 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
         "CPU seconds per 1,000 messages",
     ]
     throughput = [
-        r for r in results if r.group in ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle")
+        r
+        for r in results
+        if r.group in ("ceiling", "messagex", "groupcommit", "rabbitmq", "idle", "sqlpublish")
     ]
     if throughput:
         lines += ["", THROUGHPUT_HEADER, "-" * len(THROUGHPUT_HEADER)]

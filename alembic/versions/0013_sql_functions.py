@@ -115,68 +115,78 @@ $fn$;
 -- type (jsonb's =: 1 = 1.0, true <> 1, "1" <> 1); x-match all (default, and for any value
 -- that is not one of the four), any, all-with-x, any-with-x.
 CREATE FUNCTION messagex._headers_match(args jsonb, headers jsonb) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
-    SELECT CASE WHEN m.mode IN ('all', 'all-with-x') THEN coalesce(bool_and(c.ok), true)
-                ELSE coalesce(bool_or(c.ok), false) END
-    FROM (SELECT CASE WHEN jsonb_typeof(args -> 'x-match') = 'string'
-                       AND args ->> 'x-match' IN ('all', 'any', 'all-with-x', 'any-with-x')
-                      THEN args ->> 'x-match' ELSE 'all' END AS mode) AS m
-    LEFT JOIN LATERAL (
-        SELECT coalesce(headers -> a.key = a.value, false) AS ok
-        FROM jsonb_each(args) AS a
-        WHERE a.key <> 'x-match'
-          AND (m.mode IN ('all-with-x', 'any-with-x') OR left(a.key, 2) <> 'x-')
-    ) AS c ON true
-    GROUP BY m.mode
-$fn$;
-
-CREATE FUNCTION messagex._binding_matches(
-    exchange_type text, binding_key text, binding_args jsonb, key text, headers jsonb
-) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
-    SELECT CASE exchange_type
-        WHEN 'direct' THEN binding_key = key
-        WHEN 'fanout' THEN true
-        WHEN 'topic' THEN messagex._topic_matches(binding_key, key)
-        ELSE messagex._headers_match(binding_args, headers) END
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+    mode text := 'all';
+    need_all boolean;
+    with_x boolean;
+    k text;
+    v jsonb;
+    matched boolean;
+BEGIN
+    IF jsonb_typeof(args -> 'x-match') = 'string'
+       AND args ->> 'x-match' IN ('all', 'any', 'all-with-x', 'any-with-x') THEN
+        mode := args ->> 'x-match';
+    END IF;
+    need_all := mode IN ('all', 'all-with-x');
+    with_x := mode IN ('all-with-x', 'any-with-x');
+    FOR k, v IN SELECT * FROM jsonb_each(args) LOOP
+        CONTINUE WHEN k = 'x-match' OR (NOT with_x AND left(k, 2) = 'x-');
+        matched := coalesce(headers -> k = v, false);
+        IF matched <> need_all THEN
+            RETURN matched;  -- "all" and this one differs, or "any" and this one is equal
+        END IF;
+    END LOOP;
+    RETURN need_all;
+END
 $fn$;
 
 -- One exchange as route_graph walks it: the queues its queue bindings match (distinct, in
 -- order of their first matching binding, as route()), the exchanges its
 -- exchange-to-exchange bindings match (likewise), and its alternate exchange's name.
--- ok is false when there is no such exchange.
+-- ok is false when there is no such exchange. One static statement per exchange type, so
+-- that each keeps its cached plan (a direct exchange's probes ix_bindings_exchange_key).
 CREATE FUNCTION messagex._node(
     p_name text, p_key text, p_headers jsonb,
     OUT ok boolean, OUT queue_ids bigint[], OUT queue_names text[], OUT onward text[],
-    OUT alternate text, OUT routes_on boolean
+    OUT alternate text
 ) LANGUAGE plpgsql STABLE AS $fn$
 DECLARE
     x record;
+    matched bigint[];
 BEGIN
-    SELECT e.id, e.type, e.onward, e.arguments ->> 'alternate-exchange' AS alt INTO x
+    SELECT e.id, e.type, e.arguments ->> 'alternate-exchange' AS alt INTO x
     FROM exchanges AS e WHERE e.name = p_name;
     ok := FOUND;
+    queue_ids := '{}';
+    queue_names := '{}';
+    onward := '{}';
     IF NOT ok THEN RETURN; END IF;
     alternate := x.alt;
-    routes_on := x.onward > 0;
-    SELECT coalesce(array_agg(q.id ORDER BY s.first), '{}'),
-           coalesce(array_agg(q.name ORDER BY s.first), '{}')
-    INTO queue_ids, queue_names
-    FROM (SELECT b.queue_id, min(b.id) AS first FROM bindings AS b
-          WHERE b.exchange_id = x.id AND b.queue_id IS NOT NULL
-            AND messagex._binding_matches(x.type, b.routing_key, b.arguments, p_key, p_headers)
-          GROUP BY b.queue_id) AS s
-    JOIN queues AS q ON q.id = s.queue_id;
-    onward := '{}';
-    IF x.onward > 0 THEN
-        SELECT coalesce(array_agg(d.name ORDER BY s.first), '{}') INTO onward
-        FROM (SELECT b.destination_exchange_id AS dest, min(b.id) AS first FROM bindings AS b
-              WHERE b.exchange_id = x.id AND b.destination_exchange_id IS NOT NULL
-                AND messagex._binding_matches(x.type, b.routing_key, b.arguments, p_key,
-                                              p_headers)
-              GROUP BY b.destination_exchange_id) AS s
-        JOIN exchanges AS d ON d.id = s.dest;
+    IF x.type = 'direct' THEN
+        matched := ARRAY(SELECT b.id FROM bindings AS b
+                         WHERE b.exchange_id = x.id AND b.routing_key = p_key);
+    ELSIF x.type = 'fanout' THEN
+        matched := ARRAY(SELECT b.id FROM bindings AS b WHERE b.exchange_id = x.id);
+    ELSIF x.type = 'topic' THEN
+        matched := ARRAY(SELECT b.id FROM bindings AS b WHERE b.exchange_id = x.id
+                         AND messagex._topic_matches(b.routing_key, p_key));
+    ELSE
+        matched := ARRAY(SELECT b.id FROM bindings AS b WHERE b.exchange_id = x.id
+                         AND messagex._headers_match(b.arguments, p_headers));
     END IF;
+    IF cardinality(matched) = 0 THEN RETURN; END IF;
+    SELECT coalesce(array_agg(s.queue_id ORDER BY s.first)
+                        FILTER (WHERE s.queue_id IS NOT NULL), '{}'),
+           coalesce(array_agg(q.name ORDER BY s.first) FILTER (WHERE s.queue_id IS NOT NULL),
+                    '{}'),
+           coalesce(array_agg(d.name ORDER BY s.first) FILTER (WHERE s.dest IS NOT NULL), '{}')
+    INTO queue_ids, queue_names, onward
+    FROM (SELECT b.queue_id, b.destination_exchange_id AS dest, min(b.id) AS first
+          FROM bindings AS b WHERE b.id = ANY(matched)
+          GROUP BY b.queue_id, b.destination_exchange_id) AS s
+    LEFT JOIN queues AS q ON q.id = s.queue_id
+    LEFT JOIN exchanges AS d ON d.id = s.dest;
 END
 $fn$;
 
@@ -334,6 +344,50 @@ BEGIN
 END
 $fn$;
 
+-- The length rule's reads of a limited queue (storage/limits.py READY_SIZES and HEAD): planned
+-- for the table as it is at each call (plan_cache_mode, as the broker's own connections plan
+-- them: a plan cached while the table was empty would read all of it once it is not).
+CREATE FUNCTION messagex._ready_size(
+    p_queue bigint, p_clock timestamptz, OUT n bigint, OUT bytes bigint
+) LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan AS $fn$
+    SELECT count(*), coalesce(sum(length(m.body)), 0)::bigint FROM messages AS m
+    WHERE m.queue_id = p_queue AND m.status = 'ready' AND m.available_at <= p_clock
+$fn$;
+
+-- Drop-head: the oldest ready copies in claim order leave until the queue is within its
+-- limits (p_over copies and p_over_bytes bytes too many) — deleted, or with a dead-letter
+-- target parked (status 'dead') for the broker's maxlen dead-lettering. SKIP LOCKED: a row
+-- another transaction holds is being claimed, so is leaving the ready set anyway.
+CREATE FUNCTION messagex._trim(
+    p_queue bigint, p_clock timestamptz, p_over bigint, p_over_bytes bigint,
+    p_has_target boolean
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_custom_plan AS $fn$
+DECLARE
+    h record;
+    leaving bigint[] := '{}';
+    over bigint := p_over;
+    over_bytes bigint := p_over_bytes;
+BEGIN
+    FOR h IN SELECT m.id, length(m.body) AS size FROM messages AS m
+             WHERE m.queue_id = p_queue AND m.status = 'ready' AND m.available_at <= p_clock
+               AND (m.expires_at IS NULL OR m.expires_at > p_clock)
+             ORDER BY m.priority DESC NULLS LAST, m.available_at, m.id
+             LIMIT CASE WHEN p_over_bytes > 0 THEN NULL ELSE p_over END
+             FOR UPDATE SKIP LOCKED LOOP
+        EXIT WHEN over <= 0 AND over_bytes <= 0;
+        leaving := array_append(leaving, h.id);
+        over := over - 1;
+        over_bytes := over_bytes - h.size;
+    END LOOP;
+    IF p_has_target THEN
+        UPDATE messages SET status = 'dead' WHERE id = ANY(leaving);
+    ELSE
+        DELETE FROM messages WHERE id = ANY(leaving);
+    END IF;
+END
+$fn$;
+
 -- The one publish: p_queue set means straight into that queue (the default exchange).
 CREATE FUNCTION messagex._publish(
     p_exchange text, p_queue text, p_key text, p_body bytea, p_binary boolean,
@@ -374,10 +428,11 @@ DECLARE
     over bigint;
     over_bytes bigint;
     clock timestamptz;
-    h record;
-    leaving bigint[];
 BEGIN
     -- validation: everything before anything is stored
+    IF p_exchange IS NULL AND p_queue IS NULL THEN
+        PERFORM messagex._fail('validation_error', 'the exchange (or queue) must not be NULL');
+    END IF;
     IF p_key IS NULL THEN
         PERFORM messagex._fail('validation_error', 'routing_key must not be NULL');
     END IF;
@@ -474,9 +529,8 @@ BEGIN
         overflow := coalesce(args ->> 'x-overflow', 'drop-head');
         IF qid = ANY(limited) THEN
             clock := clock_timestamp();  -- after the lock: every earlier commit is counted
-            SELECT count(*), coalesce(sum(length(m.body)), 0) INTO ready, ready_bytes
-            FROM messages AS m
-            WHERE m.queue_id = qid AND m.status = 'ready' AND m.available_at <= clock;
+            SELECT r.n, r.bytes INTO ready, ready_bytes
+            FROM messagex._ready_size(qid, clock) AS r;
         END IF;
         IF qid = ANY(limited) AND overflow IN ('reject-publish', 'reject-publish-dlx')
            AND p_delay_ms = 0
@@ -520,23 +574,7 @@ BEGIN
             over_bytes := CASE WHEN max_bytes IS NOT NULL
                                THEN GREATEST(ready_bytes - max_bytes, 0) ELSE 0 END;
             IF over > 0 OR over_bytes > 0 THEN
-                leaving := '{}';
-                FOR h IN SELECT m.id, length(m.body) AS size FROM messages AS m
-                         WHERE m.queue_id = qid AND m.status = 'ready'
-                           AND m.available_at <= clock
-                           AND (m.expires_at IS NULL OR m.expires_at > clock)
-                         ORDER BY m.priority DESC NULLS LAST, m.available_at, m.id
-                         FOR UPDATE SKIP LOCKED LOOP
-                    EXIT WHEN over <= 0 AND over_bytes <= 0;
-                    leaving := array_append(leaving, h.id);
-                    over := over - 1;
-                    over_bytes := over_bytes - h.size;
-                END LOOP;
-                IF has_target THEN
-                    UPDATE messages SET status = 'dead' WHERE id = ANY(leaving);
-                ELSE
-                    DELETE FROM messages WHERE id = ANY(leaving);
-                END IF;
+                PERFORM messagex._trim(qid, clock, over, over_bytes, has_target);
             END IF;
         END IF;
     END LOOP;
@@ -592,7 +630,8 @@ $fn$;
 -- after the commit; and the queue, when its next delivery may have waited on this one (a
 -- single active consumer's hand-over, a message group).
 CREATE FUNCTION messagex.ack(delivery_tag text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {path} AS $fn$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {path}
+SET plan_cache_mode = force_custom_plan AS $fn$
 DECLARE
     tag text := delivery_tag;
     row_id bigint;
@@ -626,12 +665,13 @@ $fn$;
 _FUNCTIONS = [
     "messagex._topic_matches(text, text)",
     "messagex._headers_match(jsonb, jsonb)",
-    "messagex._binding_matches(text, text, jsonb, text, jsonb)",
     "messagex._node(text, text, jsonb)",
     "messagex._route(text, text, jsonb)",
     "messagex._fail(text, text)",
     "messagex._int_arg(jsonb, text)",
     "messagex._properties(jsonb)",
+    "messagex._ready_size(bigint, timestamptz)",
+    "messagex._trim(bigint, timestamptz, bigint, bigint, boolean)",
     "messagex._publish(text, text, text, bytea, boolean, jsonb, jsonb, bigint)",
     "messagex.publish(text, text, jsonb, jsonb, jsonb, bigint)",
     "messagex.publish_bytes(text, text, bytea, jsonb, jsonb, bigint)",
@@ -669,6 +709,9 @@ def upgrade() -> None:
         "INSERT INTO publish_settings (id, max_message_bytes, max_header_bytes) "
         f"VALUES (1, {DEFAULT_MAX_MESSAGE_BYTES}, {DEFAULT_MAX_HEADER_BYTES})"
     )
+    # A direct exchange's bindings by key: what the SQL publish probes (the broker's publish
+    # keeps them compiled and never needs it).
+    op.create_index("ix_bindings_exchange_key", "bindings", ["exchange_id", "routing_key"])
     # Copies that the SQL publish parked for the broker's maxlen dead-lettering (see above).
     op.create_index(
         "ix_messages_parked",
@@ -690,4 +733,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP SCHEMA messagex CASCADE")
     op.drop_index("ix_messages_parked", table_name="messages")
+    op.drop_index("ix_bindings_exchange_key", table_name="bindings")
     op.drop_table("publish_settings")

@@ -148,6 +148,8 @@ bindings = Table(
     ),
 )
 Index(None, bindings.c.queue_id)
+# A direct exchange's bindings by key, for the SQL publish of contract §18 (migration 0013).
+Index("ix_bindings_exchange_key", bindings.c.exchange_id, bindings.c.routing_key)
 _E2E = text("destination_exchange_id IS NOT NULL")
 # Exchange-to-exchange bindings (migration 0009): identical ones are one; the publish's graph
 # walk probes it by exchange_id without reading queue bindings.

@@ -181,6 +181,8 @@ def test_stored_columns_binary_ttl_priority_group_and_delay(
         ("messagex.publish('no-such-exchange', 'k', '1')", "not_found"),
         ("messagex.publish_to_queue('no-such-queue', '1')", "not_found"),
         ("messagex.publish('amq.topic', NULL, '1')", "validation_error"),
+        ("messagex.publish(NULL, 'k', '1')", "validation_error"),
+        ("messagex.publish_to_queue(NULL, '1')", "validation_error"),
         ("messagex.publish('amq.topic', 'k', NULL)", "validation_error"),
         ("messagex.publish('amq.topic', 'k', '1', '[]')", "validation_error"),
         ("messagex.publish('amq.topic', 'k', '1', '{}', '[]')", "validation_error"),
@@ -263,21 +265,30 @@ def test_errors_carry_the_contract_code_and_store_nothing(
 def test_length_limits_reject_and_drop_head_and_park_for_maxlen_dead_lettering(
     adm: httpx.Client, pg: Sql
 ) -> None:
-    rej, head, dlq, headdl = fresh(), fresh(), fresh(), fresh()
+    rej, head, dlq, headdl, rejdl, dlq2 = (fresh() for _ in range(6))
     declare_queue(adm, rej, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
     declare_queue(adm, head, arguments={"x-max-length-bytes": 4})
     declare_queue(adm, dlq)
     declare_queue(adm, headdl, dead_letter_queue=dlq, arguments={"x-max-length": 1})
+    declare_queue(adm, dlq2)
+    limited = {"x-max-length": 1, "x-overflow": "reject-publish-dlx"}
+    declare_queue(adm, rejdl, dead_letter_queue=dlq2, arguments=limited)
     results = []
     with pg.tx():
         for body in (1, 22, 333):
             results.append(to_queue(pg, rej, body))
             to_queue(pg, head, body)
             to_queue(pg, headdl, body)
+            to_queue(pg, rejdl, body, delay_ms=60000 if body == 333 else 0)
     assert [r["queues"] for r in results] == [[rej], [], []]
     assert [r["rejected"] for r in results] == [[], [rej], [rej]]
     assert bodies(adm, rej) == [1]
     assert bodies(adm, head) == [333]  # drop-head: 3 bytes, within 4
+    # reject-publish-dlx: the rejected copy is dead-lettered; a delayed one is never rejected
+    rejected = wait_for(lambda: browse(adm, dlq2), timeout=5)
+    assert [m["body"] for m in rejected] == [22]
+    assert rejected[0]["headers"]["x-death"][0]["reason"] == "maxlen"
+    assert [m["status"] for m in browse(adm, rejdl)] == ["ready", "delayed"]
     # The shed copies of a queue with a dead-letter target: out of its ready set at once,
     # dead-lettered (maxlen) by the broker within a second.
     assert stats(adm, headdl)["ready"] == 1
@@ -290,6 +301,15 @@ def test_length_limits_reject_and_drop_head_and_park_for_maxlen_dead_lettering(
     assert [m["body"] for m in moved] == [1, 22]
     assert {m["headers"]["x-death"][0]["reason"] for m in moved} == {"maxlen"}
     assert bodies(adm, headdl) == [333]
+
+
+def test_the_default_exchange_routes_by_queue_name(adm: httpx.Client, pg: Sql) -> None:
+    q = fresh()
+    declare_queue(adm, q)
+    assert sql_publish(pg, "", q, "via default")["queues"] == [q]
+    assert browse(adm, q)[0]["exchange"] == ""
+    with pytest.raises(asyncpg.PostgresError, match=r"^not_found: "):
+        sql_publish(pg, "", "no-such-queue-" + q, 1)
 
 
 def test_deduplication_window(adm: httpx.Client, pg: Sql) -> None:
