@@ -168,10 +168,9 @@ async def test_publish_and_ack_in_transaction(broker: LiveServer, name: str) -> 
         first = await _next(messages)
         assert (first.message_id, first.body, first.headers) == (f"{name}-1", {"n": 1}, {"h": "v"})
         assert first.routing_key == f"{name}.created"
-        # bytes go through messagex.publish_bytes; straight into a queue, publish_to_queue
-        await adapter.run(
-            adapter.publish("amq.topic", f"{name}.bytes", b"\x00raw\xff", message_id=f"{name}-b")
-        )
+        # bytes go through messagex.publish_bytes (here: the default exchange, into the
+        # queue); JSON straight into a queue, publish_to_queue
+        await adapter.run(adapter.publish("", queue, b"\x00raw\xff", message_id=f"{name}-b"))
         await adapter.run(adapter.publish_to_queue(queue, [1, 2], message_id=f"{name}-q"))
 
         # ack: rolled back, it settles nothing (the delivery stays in flight) ...

@@ -252,8 +252,8 @@ def _publish_call(
     if to_queue:
         if binary:
             raise TypeError(
-                "messagex.publish_to_queue takes a JSON body; publish bytes through an "
-                "exchange (publish_in_transaction with a bytes body: messagex.publish_bytes)"
+                "messagex.publish_to_queue takes a JSON body; publish bytes into a queue "
+                'through the default exchange: publish_in_transaction(conn, "", queue, body)'
             )
         fn, names = "publish_to_queue", ["queue"]
     else:
@@ -368,7 +368,9 @@ async def publish_in_transaction(
     ``conn``: an asyncpg connection, a psycopg ``AsyncConnection`` or an SQLAlchemy
     ``AsyncSession``/``AsyncConnection``. Keywords: :class:`PublishOptions` (``headers``,
     ``properties``, ``message_id``, ``correlation_id``, ``reply_to``, ``content_type``,
-    ``priority``, ``expiration_ms``, ``group_id``, ``delay_ms``).
+    ``priority``, ``expiration_ms``, ``group_id``, ``delay_ms``). ``exchange=""`` (the
+    default exchange) with a queue's name as ``routing_key`` publishes straight into that
+    queue, JSON or bytes.
     """
     call = _prepare([exchange, routing_key], body, options)
     return _result(await _run_async(conn, call))
