@@ -231,4 +231,4 @@ def test_exactly_once_consumer_killed_and_timed_out(database_url: str, logs: Pat
 
 @pytest.mark.slow
 def test_exactly_once_consumer_under_heavier_load(database_url: str, logs: Path) -> None:
-    run_exactly_once(database_url, logs, count=20000, kills=25, seconds=900)
+    run_exactly_once(database_url, logs, count=10000, kills=10, seconds=600)
