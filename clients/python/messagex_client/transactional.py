@@ -193,28 +193,29 @@ def _broker_error(exc: BaseException) -> BrokerError | None:
 # -- arguments -------------------------------------------------------------------------------
 
 
-def _properties(
-    properties: Mapping[str, Any] | None,
-    *,
-    message_id: str | None,
-    correlation_id: str | None,
-    reply_to: str | None,
-    content_type: str | None,
-    priority: int | None,
-    expiration_ms: int | None,
-    group_id: str | None,
-) -> str:
-    merged: dict[str, Any] = dict(properties or {})
-    named = {
-        "message_id": message_id,
-        "correlation_id": correlation_id,
-        "reply_to": reply_to,
-        "content_type": content_type,
-        "priority": priority,
-        "expiration": None if expiration_ms is None else str(expiration_ms),
-        "group_id": group_id,
-    }
-    merged.update({k: v for k, v in named.items() if v is not None})
+#: the keyword options that are message properties (``expiration_ms`` is renamed)
+_PROPERTY_OPTIONS: Final = (
+    "message_id",
+    "correlation_id",
+    "reply_to",
+    "content_type",
+    "priority",
+    "expiration_ms",
+    "group_id",
+)
+
+
+def _properties(options: PublishOptions) -> str:
+    """``properties`` merged with the named options (which win); ``None`` leaves one out."""
+    merged: dict[str, Any] = dict(options.get("properties") or {})
+    for name in _PROPERTY_OPTIONS:
+        value = options.get(name)
+        if value is None:
+            continue
+        if name == "expiration_ms":
+            merged["expiration"] = str(value)
+        else:
+            merged[name] = value
     return json.dumps(merged)
 
 
@@ -343,16 +344,7 @@ def _prepare(target: list[str], body: Any, options: PublishOptions) -> _Call:
     unknown = set(options) - set(PublishOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
-    props = _properties(
-        options.get("properties"),
-        message_id=options.get("message_id"),
-        correlation_id=options.get("correlation_id"),
-        reply_to=options.get("reply_to"),
-        content_type=options.get("content_type"),
-        priority=options.get("priority"),
-        expiration_ms=options.get("expiration_ms"),
-        group_id=options.get("group_id"),
-    )
+    props = _properties(options)
     return _publish_call(target, body, options.get("headers"), props, options.get("delay_ms", 0))
 
 
