@@ -5,6 +5,7 @@ connection) — against a real broker and its database, with a real WebSocket co
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -225,3 +226,53 @@ async def test_the_wrong_kind_of_connection_is_refused(broker: LiveServer) -> No
         await mx.ack_in_transaction(object(), "tag")
     with pytest.raises(TypeError, match="publish_to_queue takes a JSON body"):
         mx.publish_to_queue_in_transaction_sync(object(), "q", b"bytes")
+
+
+async def test_an_application_role_with_only_the_grants_uses_the_helpers(
+    broker: LiveServer,
+) -> None:
+    """The helpers need nothing beyond docs/operations.md's grants (their casts and
+    ``::text`` included)."""
+    role = f"tx_app_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(asyncpg_dsn(broker.database_url))
+    database = await admin.fetchval("SELECT current_database()")
+    await admin.execute(f"""
+        CREATE ROLE {role} LOGIN;
+        GRANT CONNECT ON DATABASE "{database}" TO {role};
+        GRANT USAGE ON SCHEMA messagex TO {role};
+        GRANT EXECUTE ON FUNCTION
+            messagex.publish(text, text, jsonb, jsonb, jsonb, bigint),
+            messagex.publish_bytes(text, text, bytea, jsonb, jsonb, bigint),
+            messagex.publish_to_queue(text, jsonb, jsonb, jsonb, bigint),
+            messagex.ack(text)
+        TO {role};
+    """)
+    queue = "tx-role"
+    try:
+        with client(broker.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as rest:
+            assert rest.put(f"/queues/{queue}", json={}).status_code == 201
+        url = asyncpg_dsn(broker.database_url).replace("postgres@", f"{role}@", 1)
+        app = await asyncpg.connect(url)
+        try:
+            async with app.transaction():
+                await mx.publish_to_queue_in_transaction(app, queue, {"a": 1}, priority=1)
+                await mx.publish_in_transaction(app, "", queue, b"\x01")
+            with client(broker.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as rest:
+                r = rest.post(f"/queues/{queue}/get", json={"max_messages": 2})
+                got = r.json()["messages"]
+            assert [m.get("body", m.get("body_base64")) for m in got] == [{"a": 1}, "AQ=="]
+            async with app.transaction():
+                for m in got:
+                    assert await mx.ack_in_transaction(app, m["delivery_tag"]) is True
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await app.fetchval("SELECT count(*) FROM public.messages")
+        finally:
+            await app.close()
+        assert _stats(broker, queue)["in_flight"] == 0
+    finally:
+        await admin.execute(f"""
+            DROP OWNED BY {role};
+            REVOKE ALL ON DATABASE "{database}" FROM {role};
+            DROP ROLE {role};
+        """)
+        await admin.close()
