@@ -20,7 +20,8 @@ import orjson
 import pytest
 
 from app.storage.dsn import asyncpg_dsn
-from tests.support import LiveServer, Sql, wait_for
+from tests.support import LiveServer, Sql, running_server, wait_for
+from tests.support import test_settings as settings_for
 from tests.wsclient import WsClient, bind, browse, declare_queue, stats
 
 _names = itertools.count()
@@ -383,6 +384,30 @@ def test_ack_is_true_exactly_once_for_a_tag_in_flight(
         wait_for(lambda: stats(adm, q)["in_flight"] == 0 and stats(adm, q)["ready"] == 0)
     finally:
         ws.close()
+
+
+def test_commit_and_ack_reach_a_consumer_on_another_broker_process(
+    srv: LiveServer, adm: httpx.Client, pg: Sql
+) -> None:
+    """Two broker processes on one database: the subscriber is on the second. Only the NOTIFY
+    tells it about the SQL publish and the SQL ack (no process published or acked)."""
+    q = fresh()
+    declare_queue(adm, q)
+    with running_server(settings_for(srv.database_url)) as other:
+        ws = WsClient.admin(other.ws_url)
+        try:
+            ws.subscribe(q, prefetch=1)
+            with pg.tx():
+                to_queue(pg, q, "one")
+                to_queue(pg, q, "two")
+            first = ws.delivery(timeout=5)
+            assert first["body"] == "one"
+            assert ws.quiet(0.2) == []  # prefetch 1
+            with pg.tx():
+                assert ack(pg, first["delivery_tag"]) is True
+            assert ws.delivery(timeout=5)["body"] == "two"
+        finally:
+            ws.close()
 
 
 def test_ack_of_a_timed_out_delivery_is_false_and_changes_nothing(
