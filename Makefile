@@ -27,7 +27,7 @@ export UV_COMPILE_BYTECODE := 1
 # Extra arguments: `make test ARGS="tests/api -k queues"`, `make run ARGS="--port 9000"`.
 ARGS ?=
 
-.PHONY: help sync run test lint openapi migrate bench clean distclean
+.PHONY: help sync run db-url test lint openapi migrate bench clean distclean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -48,6 +48,9 @@ sync: $(UV_STAMP) ## Install or update .venv from uv.lock (cheap when nothing ch
 
 run: sync ## Run the broker on http://127.0.0.1:8000 (embedded PostgreSQL unless DATABASE_URL is set)
 	MESSAGEX_DATA_DIR="$(MESSAGEX_DATA_DIR)" $(BIN)/messagex serve $(ARGS)
+
+db-url: sync ## Print the database URL of the broker `make run` runs (for services using §18)
+	@MESSAGEX_DATA_DIR="$(MESSAGEX_DATA_DIR)" $(BIN)/messagex database-url
 
 test: sync ## Run the whole test suite (embedded PostgreSQL unless MESSAGEX_TEST_DATABASE_URL is set)
 	$(BIN)/python -m pytest $(ARGS)

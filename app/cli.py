@@ -1,4 +1,4 @@
-"""``messagex serve | migrate | openapi | asyncapi``."""
+"""``messagex serve | migrate | openapi | asyncapi | database-url``."""
 
 from __future__ import annotations
 
@@ -53,6 +53,26 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_url(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the broker's database URL, for services that publish and ack in their own
+    transactions (contract §18): DATABASE_URL as set, else the running embedded server's."""
+    if settings.database_url is not None:
+        print(settings.database_url)
+        return 0
+    from app.runtime import embedded_database_url
+
+    url = embedded_database_url(settings.data_dir)
+    if url is None:
+        print(
+            f"messagex: no embedded PostgreSQL is running in {settings.data_dir}: start the "
+            "broker first (make run, or messagex serve) and keep it running",
+            file=sys.stderr,
+        )
+        return 1
+    print(url)
+    return 0
+
+
 def openapi_document(settings: Settings) -> str:
     from app.main import create_app
 
@@ -100,6 +120,11 @@ def parser() -> argparse.ArgumentParser:
     aa = sub.add_parser("asyncapi", help="write the WebSocket protocol's AsyncAPI document")
     aa.add_argument("--output", "-o", default="openapi/asyncapi.json", help="file, or - for stdout")
     aa.set_defaults(func=_asyncapi)
+    url = sub.add_parser(
+        "database-url",
+        help="print the broker's database URL (DATABASE_URL, or the running embedded server's)",
+    )
+    url.set_defaults(func=_database_url)
     return p
 
 

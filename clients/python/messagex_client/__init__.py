@@ -32,6 +32,15 @@ from messagex_client.errors import (
 )
 from messagex_client.message_ops import DeleteResult, MoveResult, message_filter
 from messagex_client.topology import ALTERNATE_EXCHANGE, Binding, Topology
+from messagex_client.transactional import (
+    PublishOptions,
+    ack_in_transaction,
+    ack_in_transaction_sync,
+    publish_in_transaction,
+    publish_in_transaction_sync,
+    publish_to_queue_in_transaction,
+    publish_to_queue_in_transaction_sync,
+)
 
 __all__ = [
     "ALTERNATE_EXCHANGE",
@@ -47,6 +56,7 @@ __all__ = [
     "MessageXError",
     "MoveResult",
     "NotFound",
+    "PublishOptions",
     "PublishResult",
     "RateLimited",
     "StaleDelivery",
@@ -55,7 +65,13 @@ __all__ = [
     "Topology",
     "UnknownDeliveryTag",
     "Unroutable",
+    "ack_in_transaction",
+    "ack_in_transaction_sync",
     "message_filter",
+    "publish_in_transaction",
+    "publish_in_transaction_sync",
+    "publish_to_queue_in_transaction",
+    "publish_to_queue_in_transaction_sync",
     "websocket_url",
 ]
 __version__ = "0.1.0"

@@ -87,11 +87,25 @@ class PublishResult:
     rejected: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, reply: dict[str, Any]) -> PublishResult:
+        """From the broker's publish result (a ``PUBLISHED`` frame, or ``messagex.publish``'s
+        JSON)."""
+        return cls(
+            routed=bool(reply["routed"]),
+            queues=list(reply["queues"]),
+            message_id=str(reply["message_id"]),
+            rejected=list(reply.get("rejected", [])),
+            duplicates=list(reply.get("duplicates", [])),
+        )
+
 
 @dataclass(eq=False, slots=True)
 class Message:
     """One delivery. ``body`` is the JSON value, or ``bytes`` for a binary message
-    (published with ``body_base64``). Settle it with :meth:`ack` or :meth:`nack`."""
+    (published with ``body_base64``). Settle it with :meth:`ack` or :meth:`nack`, or ack it
+    in your own database transaction with ``ack_in_transaction(conn, message.delivery_tag)``
+    (contract §18) — then never also with :meth:`ack` / :meth:`nack` here."""
 
     queue: str
     exchange: str
@@ -427,14 +441,7 @@ class Client:
             "group_id": group_id,  # one at a time, in order, in a queue with x-message-groups
         }
         frame["properties"] = {k: v for k, v in properties.items() if v is not None}
-        reply = await self._call(frame)
-        return PublishResult(
-            routed=bool(reply["routed"]),
-            queues=list(reply["queues"]),
-            message_id=str(reply["message_id"]),
-            rejected=list(reply.get("rejected", [])),
-            duplicates=list(reply.get("duplicates", [])),
-        )
+        return PublishResult.of(await self._call(frame))
 
     def subscribe(self, queue: str, *, prefetch: int = 1) -> Subscription:
         """A subscription to ``queue`` (started by ``async with``, ``start()`` or iterating)."""
