@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 
 from app.broker.cluster import ClusterBus, ClusterEvent
 from app.broker.consumers import ConsumerRegistry
@@ -33,6 +34,7 @@ from app.broker.subscriptions import Subscriptions
 from app.broker.tasks import TaskOwner, every
 from app.broker.wakeups import WakeHub
 from app.config import Settings
+from app.errors import BrokerError
 from app.metrics import Metrics
 from app.storage.database import Database
 from app.storage.messages import DeletedMessage
@@ -66,6 +68,9 @@ class DeliveryEngine:
         )
         self.settlement = Settlement(db, self.tasks, metrics, self._after_settle)
         self.credit = Credit(db, self.registry, self.hub, self.settlement)
+        #: connections whose slots to reconcile, and whether a reconcile round runs
+        self._to_reconcile: set[str] = set()
+        self._reconciling = False
         self.single = SingleActive(
             db, self.hub, self.registry, self.dispatcher, self.tasks, self._tell_queues
         )
@@ -161,9 +166,30 @@ class DeliveryEngine:
         local = [o for o in settled.owners if o in self.registry.outlets]
         remote = settled.owners.difference(local)
         if local:
-            self.tasks.spawn(self.credit.reconcile(local), name="reconcile-now")
+            self._reconcile_soon(local)
         if remote:
             self.cluster.tell_released(remote)
+
+    def _reconcile_soon(self, owners: Iterable[str]) -> None:
+        """Reconcile ``owners``' slots, one round at a time per process: owners named while a
+        round runs wait for the next, together. (One transaction per settlement elsewhere —
+        a stream of ``messagex.ack`` calls from SQL, each its own NOTIFY — took the pool.)"""
+        self._to_reconcile.update(owners)
+        if not self._reconciling:
+            self._reconciling = True
+            self.tasks.spawn(self._reconcile_rounds(), name="reconcile-soon")
+
+    async def _reconcile_rounds(self) -> None:
+        try:
+            while self._to_reconcile:
+                owners = sorted(self._to_reconcile)
+                self._to_reconcile.clear()
+                try:
+                    await self.credit.reconcile(owners)
+                except BrokerError as exc:  # the periodic round (1 s) tries again
+                    log.warning("reconcile of %d connections failed: %s", len(owners), exc)
+        finally:
+            self._reconciling = False
 
     def on_message_deleted(self, deleted: DeletedMessage) -> None:
         """An admin deleted a message; if it was in flight, its consumer gets the slot back.
@@ -196,7 +222,7 @@ class DeliveryEngine:
         self.hub.wake(event.queues)
         owners = [o for o in event.released_owners if o in self.registry.outlets]
         if owners:
-            spawn(self.credit.reconcile(owners), name="reconcile-remote")
+            self._reconcile_soon(owners)
         for queue in event.deleted_queues:
             spawn(self.subscriptions.cancel_queue(queue), name="cancel-remote")
         if event.users:

@@ -222,6 +222,10 @@ def run_exactly_once(database_url: str, logs: Path, count: int, kills: int, seco
         assert report.stats["redeliveries"] > 0
         assert rejected >= 1
         assert pending_rows(url, [queue]) == 0
+    # a stream of SQL acks (one NOTIFY each) must not exhaust the broker's pool: it once
+    # crashed hundreds of reconcile tasks a run
+    broker_logs = "".join(p.read_text(errors="replace") for p in logs.glob("broker-*.log"))
+    assert "Traceback" not in broker_logs
 
 
 @pytest.mark.timeout(90)  # the run itself is bounded by 50 s; the rest is set-up
