@@ -412,7 +412,10 @@ class Settlement:
     async def sweep_expired_copies(self) -> int:
         """Remove ready copies past their expiry (contract §13): dead-lettered with reason
         ``expired`` where their queue has a target, else deleted. Safe when several processes
-        sweep at once (SKIP LOCKED); batches until none is left."""
+        sweep at once (SKIP LOCKED); batches until none is left. An idle sweep is one probe on
+        the hot path, no transaction."""
+        if not await deliveries.any_expired_ready(self.db.hot):
+            return 0
         total = 0
         while True:
             async with self.db.transaction() as conn:

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.domain.arguments import DeathReason
 from app.domain.model import Delivery
 from app.storage import queries
-from app.storage.fastpath import HotPath, jsonb_text
+from app.storage.fastpath import HotPath, Statement, jsonb_text
 
 # -- claim ----------------------------------------------------------------------------------
 
@@ -236,6 +236,19 @@ ORDER BY m.id
 FOR UPDATE OF m
 """
 )
+
+
+# Whether the expiry sweep has anything to do: one probe of ix_messages_expiry on the hot
+# path (no transaction), so that an idle sweep costs one short statement, not a transaction.
+ANY_EXPIRED_READY = text("""
+SELECT EXISTS (SELECT 1 FROM messages AS m
+               WHERE m.status = 'ready' AND m.expires_at IS NOT NULL AND m.expires_at <= now())
+""")
+_ANY_EXPIRED_READY = Statement(ANY_EXPIRED_READY)
+
+
+async def any_expired_ready(hot: HotPath) -> bool:
+    return bool(await hot.fetchval(_ANY_EXPIRED_READY, {}))
 
 
 async def lock_expired_ready(conn: AsyncConnection, n: int) -> list[Unsettled]:

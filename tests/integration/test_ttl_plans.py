@@ -110,3 +110,11 @@ async def test_the_claim_of_an_expiring_queue_walks_its_index(
     scans = _scans(await _plan(conn, queries.CLAIM, params, mode))
     assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), scans
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_expiry_sweeps_probe_walks_its_partial_index(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    nodes = await _plan(conn, _statement(deliveries.ANY_EXPIRED_READY), {}, mode)
+    assert _uses(nodes, "messages", "ix_messages_expiry"), nodes
