@@ -111,17 +111,17 @@ ORDER BY {queries.CLAIM_ORDER}
 
 
 # Drop-head in ONE statement where nothing needs the dropped rows (a limit on copies only, no
-# dead-letter target): count, then delete the head beyond :max_length, locked as HEAD locks
-# it. The count runs once per branch of the claim-order walk, each bounded by the limit; the
-# rows go by primary key (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table).
-_OVER = """GREATEST((SELECT count(*) FROM messages
-                     WHERE queue_id = :queue_id AND status = 'ready'
-                       AND available_at <= statement_timestamp()) - :max_length, 0)"""
-_TRIMMED = queries.ready_in_claim_order(
-    "id, priority, available_at", _OVER, "FOR UPDATE SKIP LOCKED"
-)
+# dead-letter target): the rows beyond the newest :max_length (one walk back from the tail,
+# queries.ready_beyond_newest), then those of them no claim holds, locked as HEAD locks them
+# (SKIP LOCKED: a row a claim holds is leaving the ready set anyway), deleted by primary key
+# (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table). The walk takes no
+# lock, so a row a claim holds still counts, as it did in the count this replaces.
 TRIM_HEAD = text(f"""
-DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
+DELETE FROM messages WHERE id = ANY(ARRAY(
+    SELECT id FROM messages
+    WHERE id = ANY(ARRAY({queries.ready_beyond_newest("id", ":max_length")}))
+      AND status = 'ready'
+    FOR UPDATE SKIP LOCKED))
 """)
 
 
