@@ -111,17 +111,21 @@ ORDER BY {queries.CLAIM_ORDER}
 
 
 # Drop-head in ONE statement where nothing needs the dropped rows (a limit on copies only, no
-# dead-letter target): the rows beyond the newest :max_length (one walk back from the tail,
-# queries.ready_beyond_newest), then those of them no claim holds, locked as HEAD locks them
-# (SKIP LOCKED: a row a claim holds is leaving the ready set anyway), deleted by primary key
-# (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table). The walk takes no
-# lock, so a row a claim holds still counts, as it did in the count this replaces.
+# dead-letter target): count, then delete the head beyond :max_length, locked as HEAD locks
+# it. The count is a CTE, so it runs once: as a subquery in the walk's three LIMITs it ran
+# once for each, every time over all the queue's rows and the dead index entries that
+# earlier trims left at its head until vacuum (half the statement's buffer reads). The rows
+# go by primary key (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table).
+# (Walking back from the tail with OFFSET :max_length instead, one walk, let the planner
+# pick a sort of the whole queue or spend 40 ms planning while the dead entries stood.)
+_TRIMMED = queries.ready_in_claim_order(
+    "id, priority, available_at", "(SELECT n FROM over)", "FOR UPDATE SKIP LOCKED"
+)
 TRIM_HEAD = text(f"""
-DELETE FROM messages WHERE id = ANY(ARRAY(
-    SELECT id FROM messages
-    WHERE id = ANY(ARRAY({queries.ready_beyond_newest("id", ":max_length")}))
-      AND status = 'ready'
-    FOR UPDATE SKIP LOCKED))
+WITH over AS MATERIALIZED (
+    SELECT GREATEST(count(*) - :max_length, 0) AS n FROM messages
+    WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= statement_timestamp())
+DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
 """)
 
 

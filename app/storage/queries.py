@@ -306,27 +306,6 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
     LIMIT {limit}"""
 
 
-def ready_beyond_newest(columns: str, keep: str) -> str:
-    """The due ready rows of queue ``:queue_id`` that are not among its ``keep`` last in claim
-    order (``ready_in_claim_order`` reversed): the head that drop-head removes, found by
-    walking back from the tail. One walk over the queue's rows (the two branches as there:
-    one is empty for any queue), where counting them first and then walking the head walked
-    them twice, and the head's dead index entries (rows drop-head deleted before, until
-    vacuum) too. Expired copies not yet swept count, as they do in ``READY_SIZES``."""
-    return f"""
-    (SELECT {columns} FROM messages
-     WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NOT NULL
-       AND available_at <= statement_timestamp()
-     ORDER BY priority, available_at DESC, id DESC
-     OFFSET {keep})
-    UNION ALL
-    (SELECT {columns} FROM messages
-     WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NULL
-       AND available_at <= statement_timestamp()
-     ORDER BY available_at DESC, id DESC
-     OFFSET {keep})"""
-
-
 #: claim order over rows of one queue (priority is NULL exactly in plain queues)
 CLAIM_ORDER = "priority DESC NULLS LAST, available_at, id"
 

@@ -118,3 +118,11 @@ async def test_the_expiry_sweeps_probe_walks_its_partial_index(
 ) -> None:
     nodes = await _plan(conn, _statement(deliveries.ANY_EXPIRED_READY), {}, mode)
     assert _uses(nodes, "messages", "ix_messages_expiry"), nodes
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_expiry_sweeps_bulk_delete_walks_its_partial_index(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    nodes = await _plan(conn, _statement(deliveries.DISCARD_EXPIRED), {"n": 10_000}, mode)
+    assert _uses(nodes, "messages", "ix_messages_expiry"), nodes
