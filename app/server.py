@@ -130,7 +130,7 @@ class KeepAlive:
         self.interval = interval
         self.timeout = timeout
         self.tick = min(KEEPALIVE_TICK, min(interval, timeout or interval) / 4)
-        self.slots: dict[int, list[BatchingWebSocketProtocol]] = {}
+        self.slots: dict[int, set[BatchingWebSocketProtocol]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_slot = 0
         self._turning = False
@@ -138,13 +138,23 @@ class KeepAlive:
     def add(self, sock: BatchingWebSocketProtocol, due: float) -> None:
         """File ``sock`` for its turn at the first slot boundary at or after ``due``."""
         slot = math.ceil(due / self.tick)
+        sock._keepalive_slot = slot
         members = self.slots.get(slot)
         if members is not None:
-            members.append(sock)
+            members.add(sock)
             return
-        self.slots[slot] = [sock]
+        self.slots[slot] = {sock}
         if not self._turning and (self._timer is None or slot < self._timer_slot):
             self._arm(slot)
+
+    def discard(self, sock: BatchingWebSocketProtocol) -> None:
+        """Forget a closed socket now (not at its turn: it would hold the connection's
+        objects until then)."""
+        members = self.slots.get(sock._keepalive_slot)
+        if members is not None:
+            members.discard(sock)
+            if not members and not self._turning:
+                del self.slots[sock._keepalive_slot]
 
     def _arm(self, slot: int) -> None:
         if self._timer is not None:
@@ -206,6 +216,8 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     _heard_at = 0.0  # loop time of the last bytes received (the keep-alive ping skips a talker)
     _pinged_at: float | None = None  # loop time of the keep-alive ping not yet answered
     _keepalive_on = False  # on the process's keep-alive wheel
+    _keepalive_slot = 0  # its slot there
+    _wheel: KeepAlive | None = None  # the wheel it is on
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if isinstance(transport, CoalescingTransport):  # upgraded from our HTTP protocol
@@ -243,12 +255,14 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         if interval is not None and interval > 0:
             self._heard_at = self.loop.time()
             self._keepalive_on = True
-            KeepAlive.of(self.loop, interval, self.ping_timeout).add(
-                self, self._heard_at + interval
-            )
+            self._wheel = KeepAlive.of(self.loop, interval, self.ping_timeout)
+            self._wheel.add(self, self._heard_at + interval)
 
     def stop_keepalive(self) -> None:
-        self._keepalive_on = False  # the wheel drops it when it comes round
+        self._keepalive_on = False
+        wheel, self._wheel = self._wheel, None
+        if wheel is not None:
+            wheel.discard(self)
         super().stop_keepalive()
 
     def keepalive_due(self, now: float, wheel: KeepAlive) -> float | None:
