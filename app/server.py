@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import socket
 import struct
+import weakref
 from collections.abc import Iterable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
 from fastapi import FastAPI
@@ -85,6 +87,105 @@ def text_frame_header(length: int) -> bytes:
     return struct.pack("!BBQ", 0x81, 127, length)
 
 
+#: the keep-alive wheel's slot width, s (at most a quarter of the interval and of the timeout)
+KEEPALIVE_TICK = 0.25
+#: every keep-alive ping: a final, unmasked ping frame with a 2-byte payload (what answers it
+#: is not compared: any bytes received after it prove the peer alive)
+PING_FRAME = bytes((0x89, 2)) + b"mx"
+
+
+class KeepAlive:
+    """The keep-alive of the WebSockets of one event loop that share an interval and timeout.
+
+    Sockets wait in slots (``tick`` wide) by the time each is next due; one timer, at the
+    earliest slot, gives every due socket its turn (``keepalive_due``: ping, close, or
+    nothing) and files it under its next due time. uvicorn instead kept three timers per ping
+    and socket (the ping, the pong's deadline, the next ping): with 10,000 silent sockets
+    that was 1,000 timer operations a second, each ping woke the loop on its own, and the
+    keep-alive was most of an idle broker's CPU (docs/performance.md, "Scale"). Here a socket
+    costs one turn per interval whatever it sends meanwhile (a talker only moves its
+    ``_heard_at``), and the pings due together go out in one turn of the loop.
+    """
+
+    _wheels: ClassVar[
+        weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[float, float | None], KeepAlive]
+        ]
+    ] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(
+        cls, loop: asyncio.AbstractEventLoop, interval: float, timeout: float | None
+    ) -> KeepAlive:
+        wheels = cls._wheels.setdefault(loop, {})
+        wheel = wheels.get((interval, timeout))
+        if wheel is None:
+            wheel = wheels[(interval, timeout)] = cls(loop, interval, timeout)
+        return wheel
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, interval: float, timeout: float | None
+    ) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.timeout = timeout
+        self.tick = min(KEEPALIVE_TICK, min(interval, timeout or interval) / 4)
+        self.slots: dict[int, set[BatchingWebSocketProtocol]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_slot = 0
+        self._turning = False
+
+    def add(self, sock: BatchingWebSocketProtocol, due: float) -> None:
+        """File ``sock`` for its turn at the first slot boundary at or after ``due``."""
+        slot = math.ceil(due / self.tick)
+        sock._keepalive_slot = slot
+        members = self.slots.get(slot)
+        if members is not None:
+            members.add(sock)
+            return
+        self.slots[slot] = {sock}
+        if not self._turning and (self._timer is None or slot < self._timer_slot):
+            self._arm(slot)
+
+    def discard(self, sock: BatchingWebSocketProtocol) -> None:
+        """Forget a closed socket now (not at its turn: it would hold the connection's
+        objects until then)."""
+        members = self.slots.get(sock._keepalive_slot)
+        if members is not None:
+            members.discard(sock)
+            if not members and not self._turning:
+                del self.slots[sock._keepalive_slot]
+
+    def _arm(self, slot: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_slot = slot
+        self._timer = self.loop.call_at(slot * self.tick, self._turn)
+
+    def _turn(self) -> None:
+        self._timer = None
+        self._turning = True
+        now = self.loop.time()
+        try:
+            for slot in sorted(s for s in self.slots if s * self.tick <= now):
+                for sock in self.slots.pop(slot):
+                    try:
+                        due = sock.keepalive_due(now, self)
+                    except Exception:
+                        log.exception("WebSocket keep-alive failed")
+                        continue
+                    if due is not None:
+                        self.add(sock, due)
+        finally:
+            self._turning = False
+            if self.slots:
+                self._arm(min(self.slots))
+            else:  # nothing left: the next socket makes a new wheel
+                wheels = self._wheels.get(self.loop, {})
+                if wheels.get((self.interval, self.timeout)) is self:
+                    del wheels[(self.interval, self.timeout)]
+
+
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol with three ASGI extensions (app/serverext.py),
     named in the scope so that the app falls back to plain messages under any other server:
@@ -107,12 +208,16 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
       for as long as the peer keeps its window shut.
     - ``WRITE_BUFFER``: ``size()``, the bytes written and not yet sent.
 
-    And its keep-alive pings only a peer that sent nothing for the whole ping interval
-    (``send_keepalive_ping``).
+    And its keep-alive pings only a peer that sent nothing for the whole ping interval, from
+    one wheel per process (``KeepAlive``, ``keepalive_due``) rather than uvicorn's timers.
     """
 
     _texts: list[str] | None = None  # while handle_events runs: text frames not handed over
     _heard_at = 0.0  # loop time of the last bytes received (the keep-alive ping skips a talker)
+    _pinged_at: float | None = None  # loop time of the keep-alive ping not yet answered
+    _keepalive_on = False  # on the process's keep-alive wheel
+    _keepalive_slot = 0  # its slot there
+    _wheel: KeepAlive | None = None  # the wheel it is on
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if isinstance(transport, CoalescingTransport):  # upgraded from our HTTP protocol
@@ -143,20 +248,52 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._heard_at = self.loop.time()
         super().data_received(data)
 
-    def send_keepalive_ping(self) -> None:
-        # A peer heard from within the interval is alive (a browser client's own PING frames,
-        # every 25 s, or any other frame): no ping, only a new timer for the rest of the
-        # interval. Idle sockets by the ten thousand cost a ping each per interval, and a
-        # ping's write and its pong's read were half of an idle broker's CPU
-        # (docs/performance.md, "Scale"). A timer due within a second pings: it is the one
-        # that the last pong's arrival set (``handle_pong``), not a quiet time left.
+    def start_keepalive(self) -> None:
+        # One wheel per process and settings (``KeepAlive``) instead of uvicorn's three timers
+        # per ping and socket.
         interval = self.ping_interval
-        if interval is not None and not self.close_sent and not self.transport.is_closing():
-            left = self._heard_at + interval - self.loop.time()
-            if left > 1.0:
-                self.ping_timer = self.loop.call_later(left, self.send_keepalive_ping)
-                return
-        super().send_keepalive_ping()
+        if interval is not None and interval > 0:
+            self._heard_at = self.loop.time()
+            self._keepalive_on = True
+            self._wheel = KeepAlive.of(self.loop, interval, self.ping_timeout)
+            self._wheel.add(self, self._heard_at + interval)
+
+    def stop_keepalive(self) -> None:
+        self._keepalive_on = False
+        wheel, self._wheel = self._wheel, None
+        if wheel is not None:
+            wheel.discard(self)
+        super().stop_keepalive()
+
+    def keepalive_due(self, now: float, wheel: KeepAlive) -> float | None:
+        """The wheel's turn at this socket: ping it if it sent nothing for the whole interval,
+        close it (1011) if a ping went unanswered for the timeout. Any bytes received after a
+        ping answer it (a pong, or anything else: the peer is alive). Returns when to look
+        again, or None when the socket is done with."""
+        if not self._keepalive_on or self.close_sent or self.transport.is_closing():
+            return None
+        sent = self._pinged_at
+        if sent is not None:
+            if self._heard_at >= sent:
+                self._pinged_at = None
+            elif wheel.timeout is not None and now < sent + wheel.timeout:
+                return sent + wheel.timeout
+            else:
+                self._keepalive_on = False
+                self.keepalive_timeout()
+                return None
+        due = self._heard_at + wheel.interval
+        if due > now:
+            return due
+        if self.conn.state is not State.OPEN:
+            return None
+        # A ping's frame never changes (server frames are unmasked, control frames are never
+        # compressed): written as it is, as send_many frames its texts.
+        self.transport.write(PING_FRAME)
+        if wheel.timeout is None:
+            return now + wheel.interval
+        self._pinged_at = now
+        return now + wheel.timeout
 
     def abort(self) -> None:
         self.transport.abort()

@@ -42,8 +42,7 @@ class CredentialChecks:
         """The periodic round: every live session, then every connected user."""
         digests = set(self.registry.token_digests.values())
         if digests:
-            async with self.db.transaction() as conn:
-                live = await liveness.live_sessions(conn, list(digests))
+            live = await liveness.live_sessions(self.db.hot, list(digests))
             self.close_sessions(digests - live)
         for gone in set(self.seen) - self.registry.by_user.keys():
             del self.seen[gone]
@@ -70,8 +69,7 @@ class CredentialChecks:
             for i in self.registry.unchecked
             if i in outlets and outlets[i].user.username in wanted
         }
-        async with self.db.transaction() as conn:
-            current = await liveness.users(conn, names)
+        current = await liveness.users(self.db.hot, names)
         self.registry.unchecked -= unchecked
         for name in names:
             found = current.get(name)

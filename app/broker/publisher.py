@@ -404,6 +404,11 @@ class Publisher:
         head of the queues that went over. Each plan's results then name the rejecting
         queues under ``rejected``."""
         limited = [q for q, info in infos.items() if info.arguments.limited]
+        if all(limits_store.deletes_only(infos[q]) for q in limited):
+            await self._insert_trimmed(
+                messages, copies, receipt, [infos[q] for q in limited], priorities
+            )
+            return
         admission = Admission()
         try:
             async with self.db.transaction() as conn:
@@ -430,6 +435,30 @@ class Publisher:
         self._notify(admission.dropped.woken, {})
         if admission.rejected:
             self._mark_rejected(plans, admission.rejected, infos)
+
+    async def _insert_trimmed(
+        self,
+        messages: list[tuple[str, OutgoingMessage]],
+        copies: list[tuple[int, int]],
+        receipt: str,
+        limited: list[QueueInfo],
+        priorities: list[int | None] | None,
+    ) -> None:
+        """``_insert_limited`` where every limited queue only deletes its head (drop-head, a
+        limit on copies, no dead-letter target: the common case): lock, insert, trim in one
+        transaction on the hot path (storage/limits.py, ``insert_and_trim``)."""
+
+        async def insert(conn: Any) -> None:
+            await store.insert_copies(
+                self.db.hot, messages, copies, receipt, priorities=priorities, within=conn
+            )
+
+        try:
+            dropped = await limits_store.insert_and_trim(self.db.hot, limited, insert)
+        except Unavailable:
+            await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
+            return
+        self.limits.count_dropped(limits_store.Dropped(discarded=dropped))
 
     @staticmethod
     def _mark_rejected(plans: list[_Plan], rejected: set[int], infos: dict[int, QueueInfo]) -> None:

@@ -34,6 +34,8 @@ log = logging.getLogger("messagex.settle")
 SWEEP_BATCH = 500
 #: rows per transaction when sweeping expired copies (contract §13)
 EXPIRY_BATCH = 2000
+#: rows per statement when deleting expired copies that no dead-letter target wants
+EXPIRY_DISCARD_BATCH = 10_000
 
 
 #: "<message id>.<128 bits in lowercase hex>": ASCII digits only, so ``int`` reads the id
@@ -460,8 +462,19 @@ class Settlement:
     async def sweep_expired_copies(self) -> int:
         """Remove ready copies past their expiry (contract §13): dead-lettered with reason
         ``expired`` where their queue has a target, else deleted. Safe when several processes
-        sweep at once (SKIP LOCKED); batches until none is left."""
+        sweep at once (SKIP LOCKED); batches until none is left. An idle sweep is one probe on
+        the hot path, no transaction; copies that are only deleted go first, by a statement
+        each 10,000 of them, and only those with a dead-letter target come into Python."""
+        if not await deliveries.any_expired_ready(self.db.hot):
+            return 0
         total = 0
+        while True:  # first those that are only deleted: one statement a batch
+            deleted = await deliveries.discard_expired(self.db.hot, EXPIRY_DISCARD_BATCH)
+            if deleted:
+                self.metrics.expired.labels(outcome=Outcome.DISCARDED.value).inc(deleted)
+            total += deleted
+            if deleted < EXPIRY_DISCARD_BATCH:
+                break
         while True:
             async with self.db.transaction() as conn:
                 rows = await deliveries.lock_expired_ready(conn, EXPIRY_BATCH)

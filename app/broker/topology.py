@@ -298,8 +298,7 @@ class TopologyService:
         """Delete the queues whose x-expires ran out (contract §13) as DELETE /queues/{name}
         does (same statements, same listeners), each re-checked under the delete's lock. Every
         process runs it; one that loses a race to another process finds the queue gone."""
-        async with self.db.connect() as conn:
-            names = await store.idle_queues(conn, _SCAN_BATCH)
+        names = await store.idle_queues(self.db.hot, _SCAN_BATCH)
         deleted = 0
         for name in names:
             try:

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.domain.arguments import DeathReason
 from app.domain.model import Delivery
 from app.storage import queries
-from app.storage.fastpath import HotPath, jsonb_text
+from app.storage.fastpath import HotPath, Statement, jsonb_text
 
 # -- claim ----------------------------------------------------------------------------------
 
@@ -259,6 +259,43 @@ ORDER BY m.id
 FOR UPDATE OF m
 """
 )
+
+
+# Whether the expiry sweep has anything to do: one probe of ix_messages_expiry on the hot
+# path (no transaction), so that an idle sweep costs one short statement, not a transaction.
+ANY_EXPIRED_READY = text("""
+SELECT EXISTS (SELECT 1 FROM messages AS m
+               WHERE m.status = 'ready' AND m.expires_at IS NOT NULL AND m.expires_at <= now())
+""")
+_ANY_EXPIRED_READY = Statement(ANY_EXPIRED_READY)
+
+
+async def any_expired_ready(hot: HotPath) -> bool:
+    return bool(await hot.fetchval(_ANY_EXPIRED_READY, {}))
+
+
+# The expiry sweep's bulk of the work: expired copies whose queue has no dead-letter target
+# are deleted in ONE statement, no row leaving the database (the rest go through
+# LOCK_EXPIRED_READY and the retry path's dead-lettering). The same walk of
+# ix_messages_expiry and the same SKIP LOCKED as LOCK_EXPIRED_READY; the queue's row tells
+# whether it dead-letters.
+DISCARD_EXPIRED = text("""
+DELETE FROM messages WHERE id = ANY(ARRAY(
+    SELECT m.id FROM messages AS m JOIN queues AS q ON q.id = m.queue_id
+    WHERE m.status = 'ready' AND m.expires_at IS NOT NULL AND m.expires_at <= now()
+      AND q.dead_letter_queue_id IS NULL AND NOT q.arguments ? 'x-dead-letter-exchange'
+    ORDER BY m.expires_at
+    LIMIT :n
+    FOR UPDATE OF m SKIP LOCKED))
+""")
+_DISCARD_EXPIRED = Statement(DISCARD_EXPIRED)
+
+
+async def discard_expired(hot: HotPath, n: int) -> int:
+    """Delete up to ``n`` expired copies of queues without a dead-letter target; how many."""
+    async with hot.connection() as conn:
+        status: str = await conn.execute(_DISCARD_EXPIRED.sql, *_DISCARD_EXPIRED.args({"n": n}))
+    return int(status.rsplit(" ", 1)[-1])
 
 
 async def lock_expired_ready(conn: AsyncConnection, n: int) -> list[Unsettled]:

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import jsonexact
 from app.domain import limits
-from app.domain.arguments import QueueArguments, parse_queue_arguments
+from app.domain.arguments import Overflow, QueueArguments, parse_queue_arguments
 from app.domain.model import OutgoingMessage
 from app.errors import ValidationFailed
 from app.storage import deliveries, queries
@@ -112,17 +112,54 @@ ORDER BY {queries.CLAIM_ORDER}
 
 # Drop-head in ONE statement where nothing needs the dropped rows (a limit on copies only, no
 # dead-letter target): count, then delete the head beyond :max_length, locked as HEAD locks
-# it. The count runs once per branch of the claim-order walk, each bounded by the limit; the
-# rows go by primary key (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table).
-_OVER = """GREATEST((SELECT count(*) FROM messages
-                     WHERE queue_id = :queue_id AND status = 'ready'
-                       AND available_at <= statement_timestamp()) - :max_length, 0)"""
+# it. The count is a CTE, so it runs once: as a subquery in the walk's three LIMITs it ran
+# once for each, every time over all the queue's rows and the dead index entries that
+# earlier trims left at its head until vacuum (half the statement's buffer reads). The rows
+# go by primary key (= ANY(ARRAY(...)): with IN, the planner hashed a scan of the table).
+# (Walking back from the tail with OFFSET :max_length instead, one walk, let the planner
+# pick a sort of the whole queue or spend 40 ms planning while the dead entries stood.)
 _TRIMMED = queries.ready_in_claim_order(
-    "id, priority, available_at", _OVER, "FOR UPDATE SKIP LOCKED"
+    "id, priority, available_at", "(SELECT n FROM over)", "FOR UPDATE SKIP LOCKED"
 )
 TRIM_HEAD = text(f"""
+WITH over AS MATERIALIZED (
+    SELECT GREATEST(count(*) - :max_length, 0) AS n FROM messages
+    WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= statement_timestamp())
 DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
 """)
+
+
+_LOCK_QUEUES = Statement(LOCK_QUEUES)
+_TRIM_HEAD = Statement(TRIM_HEAD)
+
+
+async def insert_and_trim(
+    hot: HotPath,
+    queues: Sequence[QueueInfo],
+    insert: Callable[[asyncpg.Connection], Awaitable[object]],
+) -> int:
+    """A publish whose limited queues ``queues`` all drop their head by deleting it
+    (``deletes_only``): their locks, the group's INSERT (``insert(conn)``) and TRIM_HEAD of
+    each, in one transaction on a hot-path connection; returns the copies dropped. What
+    ``Limits.hold``, ``admit`` and ``settle_publish`` do for such queues (no closure, nothing
+    rejected, nothing dead-lettered), without SQLAlchemy's execution path around each
+    statement."""
+    async with hot.connection() as conn, conn.transaction():
+        ids = sorted({q.id for q in queues})
+        await conn.execute(_LOCK_QUEUES.sql, *_LOCK_QUEUES.args({"ids": ids}))
+        await insert(conn)
+        dropped = 0
+        for queue in queues:
+            params = {"queue_id": queue.id, "max_length": queue.arguments.max_length}
+            status: str = await conn.execute(_TRIM_HEAD.sql, *_TRIM_HEAD.args(params))
+            dropped += int(status.rsplit(" ", 1)[-1])
+    return dropped
+
+
+def deletes_only(queue: QueueInfo) -> bool:
+    """Drop-head needs nothing of ``queue``'s dropped rows, and nothing is rejected there: a
+    limit on copies only, ``drop-head``, no dead-letter target."""
+    return _deletes_only(queue) and queue.arguments.overflow is Overflow.DROP_HEAD
 
 
 def _deletes_only(queue: QueueInfo) -> bool:

@@ -80,10 +80,19 @@ def _uses(nodes: list[dict[str, Any]], relation: str, index: str) -> bool:
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("clause", "params"),
+    [
+        (deliveries.LOCK_EXPIRED_READY, {"n": 2000}),  # the copies that take the retry path
+        (deliveries.ANY_EXPIRED_READY, {}),  # the idle sweep's probe
+        (deliveries.DISCARD_EXPIRED, {"n": 10_000}),  # the bulk delete
+    ],
+    ids=["lock", "probe", "discard"],
+)
 async def test_the_expiry_sweep_walks_its_partial_index(
-    conn: asyncpg.Connection, mode: str
+    conn: asyncpg.Connection, mode: str, clause: TextClause, params: dict[str, Any]
 ) -> None:
-    nodes = await _plan(conn, _statement(deliveries.LOCK_EXPIRED_READY), {"n": 2000}, mode)
+    nodes = await _plan(conn, _statement(clause), params, mode)
     assert _uses(nodes, "messages", "ix_messages_expiry"), nodes
 
 
