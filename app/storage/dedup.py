@@ -1,0 +1,140 @@
+"""Idempotent publish (contract §15): the statements on ``publish_dedup``.
+
+One row per (queue, message_id) published into a queue declared with
+``x-deduplication-window-seconds`` (migration 0011), kept while the window lasts. Only such
+queues come here: a plain queue's publish never runs any of this.
+
+- ``claim``: in the publish's transaction, before its INSERT of copies, one statement claims
+  the row of every copy bound for a windowed queue. A row that is absent, or older than its
+  queue's window, is (re)written and returned: that copy is stored. A row within the window
+  is left alone and not returned: the copy is a duplicate. Two transactions claiming one
+  (queue, message_id) serialise on the primary key: the second waits for the first to end and
+  then sees its row (a duplicate) or, after a rollback, none (it claims). Every claim takes
+  its rows in (queue_id, message_id) order, so two publishes never wait on each other in a
+  cycle.
+- ``release``: in the same transaction, the claims of copies the length rule then rejected
+  (``x-overflow`` reject-publish*): a copy that was not stored does not burn its message_id
+  (docs/decisions.md).
+- ``sweep``: rows older than their queue's window go, in bounded batches, by the sweep index
+  (migration 0013). The window is read from the queue's arguments in SQL, so the broker's
+  claim, the SQL functions' claim (contract §18) and the sweep use one value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.errors import InternalError
+from app.storage.driver_errors import FK_PUBLISH_DEDUP_QUEUE, constraint, sqlstate
+from app.storage.fastpath import HotPath, Statement
+from app.storage.messages import QueueDeleted
+
+#: 40P01: the claim was chosen as a deadlock's victim (only a transaction of the application's
+#: own, contract §18, can claim in another order than ours)
+DEADLOCK_DETECTED = "40P01"
+
+_WINDOW = "CAST(q.arguments ->> 'x-deduplication-window-seconds' AS bigint) * interval '1 second'"
+
+# ON CONFLICT DO UPDATE ... WHERE: the row is rewritten (and returned) only when it is older
+# than the queue's window (one probe of the queues' primary key, only for a conflicting row);
+# otherwise the conflicting row is locked, left as it is, and not returned. published_at is
+# statement_timestamp() (the column's default): the clock of every claim and of the sweep.
+# ORDER BY: the rows are taken in one order by every claim (no deadlock between two of ours).
+CLAIM = text(f"""
+INSERT INTO publish_dedup AS d (queue_id, message_id)
+SELECT c.queue_id, c.message_id
+FROM unnest(CAST(:queue_id AS bigint[]), CAST(:message_id AS text[])) AS c(queue_id, message_id)
+ORDER BY c.queue_id, c.message_id COLLATE "C"
+ON CONFLICT (queue_id, message_id) DO UPDATE SET published_at = EXCLUDED.published_at
+WHERE d.published_at <= EXCLUDED.published_at
+                        - (SELECT {_WINDOW} FROM queues AS q WHERE q.id = d.queue_id)
+RETURNING d.queue_id, d.message_id
+""")
+
+# This transaction's own claims, undone: the rows it wrote (whether new or rewritten over a
+# row older than the window, which the sweep would delete anyway).
+RELEASE = text("""
+DELETE FROM publish_dedup AS d
+USING unnest(CAST(:queue_id AS bigint[]), CAST(:message_id AS text[])) AS c(queue_id, message_id)
+WHERE d.queue_id = c.queue_id AND d.message_id = c.message_id
+""")
+
+# Up to :batch rows older than their queue's window, in ONE statement that never waits:
+# - ``owners``: the queues that have rows, found by skipping through the sweep index's first
+#   column (a recursive "loose index scan": one probe per such queue; none on an empty table);
+# - for each, its rows older than its own window: one range of ix_publish_dedup_sweep, oldest
+#   first, locked SKIP LOCKED (a row a claim holds is being rewritten; it is not stale);
+# - a queue whose arguments carry no numeric window (none is claimed for) keeps no rows;
+# - the locked rows go by their ctid (a TID scan; locked, they cannot move meanwhile): as a
+#   join, the planner hashed a scan of the whole table for a thousand rows.
+# A claim that waits on a row this deletes inserts it afresh once this commits.
+SWEEP = Statement(
+    text(f"""
+WITH RECURSIVE owners(queue_id) AS (
+    (SELECT queue_id FROM publish_dedup ORDER BY queue_id LIMIT 1)
+  UNION ALL
+    SELECT (SELECT d.queue_id FROM publish_dedup AS d
+            WHERE d.queue_id > o.queue_id ORDER BY d.queue_id LIMIT 1)
+    FROM owners AS o WHERE o.queue_id IS NOT NULL
+),
+stale AS (
+    SELECT s.ctid
+    FROM owners AS o
+    JOIN queues AS q ON q.id = o.queue_id
+    CROSS JOIN LATERAL (
+        SELECT d.ctid FROM publish_dedup AS d
+        WHERE d.queue_id = o.queue_id
+          AND d.published_at < statement_timestamp() - CASE
+                WHEN jsonb_typeof(q.arguments -> 'x-deduplication-window-seconds') = 'number'
+                THEN {_WINDOW} ELSE interval '0' END
+        ORDER BY d.published_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+    LIMIT :batch
+)
+DELETE FROM publish_dedup WHERE ctid = ANY(ARRAY(SELECT ctid FROM stale))
+""")
+)
+
+
+class ClaimDeadlocked(InternalError):
+    """The claim was a deadlock's victim; nothing was stored and the publish may run again."""
+
+
+async def claim(conn: AsyncConnection, keys: Sequence[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Claim (queue id, message_id) ``keys`` (distinct) in ``conn``'s transaction; returns
+    those claimed — the others are duplicates within their queue's window. Raises
+    QueueDeleted when a queue no longer exists (nothing stored), ClaimDeadlocked."""
+    if not keys:
+        return set()
+    params = {"queue_id": [k[0] for k in keys], "message_id": [k[1] for k in keys]}
+    try:
+        rows = (await conn.execute(CLAIM, params)).all()
+    except sa_exc.IntegrityError as exc:
+        if constraint(exc) == FK_PUBLISH_DEDUP_QUEUE:
+            raise QueueDeleted() from None
+        raise
+    except sa_exc.DBAPIError as exc:
+        if sqlstate(exc) == DEADLOCK_DETECTED:
+            raise ClaimDeadlocked() from None
+        raise
+    return {(int(r[0]), str(r[1])) for r in rows}
+
+
+async def release(conn: AsyncConnection, keys: Sequence[tuple[int, str]]) -> None:
+    """Undo this transaction's claims of ``keys``."""
+    if keys:
+        params = {"queue_id": [k[0] for k in keys], "message_id": [k[1] for k in keys]}
+        await conn.execute(RELEASE, params)
+
+
+async def sweep(hot: HotPath, batch: int) -> int:
+    """Delete up to ``batch`` rows older than their queue's window; returns how many."""
+    async with hot.connection() as conn:
+        status: str = await conn.execute(SWEEP.sql, *SWEEP.args({"batch": batch}))
+    return int(status.rsplit(" ", 1)[-1])
