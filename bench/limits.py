@@ -5,6 +5,9 @@
   whole time (every publish drops as many as it adds) — the figure is the publish rate; the target
   is the limited one within 20 % of the plain one. RabbitMQ beside it when reachable (durable
   queue, persistent messages, publisher confirms; the same ``x-max-length``).
+- ``limits publish queue=dedup-window``: the same publishes into a queue with
+  ``x-deduplication-window-seconds`` (contract §15): every message has a new broker-made
+  message_id, so every copy claims its row and is stored — what the claim costs.
 - ``limits ws``: the headline shape (batch publish → WebSocket prefetch 100 → ack) into a
   queue whose limit is never reached: what counting costs a limited queue that drops nothing.
 - ``limits claim``: ``POST /queues/{q}/get`` (max_messages 1, then ack) from a queue holding a
@@ -91,6 +94,42 @@ async def mx_publish(run: Run, limited: bool) -> Result:
         result = _rate_result(
             f"limits mx publish=batch queue={label}",
             {"system": "messagex", "queue": label, "limit": limit, "publishers": s.publishers},
+            s.count,
+            elapsed,
+        )
+        result.cpu_s_per_1k = s.meters.per_1k(s.count)
+        return result
+    finally:
+        await s.mx.delete_queue(queue)
+
+
+#: the window of the dedup publish scenario (longer than any run: no row expires meanwhile)
+DEDUP_WINDOW_S = 3600
+
+
+async def mx_publish_dedup(run: Run) -> Result:
+    """Batch publishes into a queue with a deduplication window, nothing a duplicate."""
+    s = run.mx_settings()
+    queue = mx.unique("limits-dedup")
+    await _declare(s.mx, queue, {"x-deduplication-window-seconds": DEDUP_WINDOW_S})
+    try:
+        s.meters.start()
+        started = time.monotonic()
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(s.mx.publisher(queue, seqs, "batch") for seqs in shares(s.count, s.publishers))
+            ),
+            s.deadline,
+        )
+        elapsed = time.monotonic() - started
+        s.meters.stop()
+        stats = await s.mx.stats(queue)
+        if stats["ready"] != s.count:
+            raise BenchError(f"{queue} holds {stats['ready']} ready, expected {s.count}")
+        label = "dedup-window"
+        result = _rate_result(
+            f"limits mx publish=batch queue={label}",
+            {"system": "messagex", "queue": label, "window_s": DEDUP_WINDOW_S},
             s.count,
             elapsed,
         )
@@ -284,8 +323,9 @@ def add_ratios(results: list[Result]) -> None:
     by_name = {r.name: r for r in results if r.group == GROUP and r.status == "ok"}
     for r in list(by_name.values()):
         plain = None
-        if "drop-head" in r.name:
-            plain = by_name.get(r.name.replace("max-length drop-head", "plain"))
+        if "drop-head" in r.name or "dedup-window" in r.name:
+            twin = r.name.replace("max-length drop-head", "plain").replace("dedup-window", "plain")
+            plain = by_name.get(twin)
             if plain and plain.rate and r.rate:
                 r.extra["rate_ratio_to_plain"] = round(r.rate / plain.rate, 3)
         elif "x-max-priority" in r.name:
@@ -309,6 +349,8 @@ async def run(run: Run) -> None:
         if rabbit:
             work = rabbit_publish(run, limited)
             await run.scenario(GROUP, f"limits rabbitmq publish=batch queue={label}", work)
+    work = mx_publish_dedup(run)
+    await run.scenario(GROUP, "limits mx publish=batch queue=dedup-window", work)
     await run.scenario(GROUP, "limits mx ws publish=batch prefetch=100", mx_ws(run))
     for priority in (False, True):
         label = "x-max-priority=9" if priority else "plain"

@@ -88,13 +88,14 @@ class Dedup:
         first, repeats = first_occurrences(messages, copies, infos)
         if not first:
             return Claims()
-        claimed = await store.claim(conn, list(first))
+        keys = list(first)
+        refused = await store.claim(conn, keys)
         result = Claims(duplicates=repeats)
-        for key, index in first.items():
-            if key in claimed:
-                result.claimed[index] = key
+        for position, key in enumerate(keys):
+            if position in refused:
+                result.duplicates.add(first[key])
             else:
-                result.duplicates.add(index)
+                result.claimed[first[key]] = key
         return result
 
     async def release(self, conn: Any, claims: Claims, copies: set[int]) -> None:

@@ -409,27 +409,26 @@ class Publisher:
         admission = Admission()
         claims = Claims()
         try:
-            async with self.db.transaction() as conn:
-                held = await self.limits.hold(conn, limited) if limited else {}
-                claims = await self.dedup.claim(conn, messages, copies, infos)
-                candidates = [i for i in range(len(copies)) if i not in claims.duplicates]
-                if limited:
+            if not limited:
+                # Deduplication alone: no statement here reads messages, so the hot path's
+                # stable pool (generic plans: storage/planner.py) and no SQLAlchemy.
+                async with self.db.hot.connection(stable=True) as raw, raw.transaction():
+                    claims = await self.dedup.claim(raw, messages, copies, infos)
+                    kept = [i for i in range(len(copies)) if i not in claims.duplicates]
+                    await self._insert_kept(raw, messages, copies, receipt, priorities, kept)
+            else:
+                async with self.db.transaction() as conn:
+                    held = await self.limits.hold(conn, limited)
+                    raw = await limits_store.driver(conn)
+                    claims = await self.dedup.claim(raw, messages, copies, infos)
+                    candidates = [i for i in range(len(copies)) if i not in claims.duplicates]
                     admission = await self._admit(
                         conn, held, messages, copies, priorities, candidates
                     )
                     if admission.rejected:
-                        await self.dedup.release(conn, claims, admission.rejected)
-                kept = [i for i in candidates if i not in admission.rejected]
-                if kept:
-                    await store.insert_copies(
-                        self.db.hot,
-                        messages,
-                        [copies[i] for i in kept],
-                        receipt,
-                        priorities=None if priorities is None else [priorities[i] for i in kept],
-                        within=await limits_store.driver(conn),
-                    )
-                if limited:
+                        await self.dedup.release(raw, claims, admission.rejected)
+                    kept = [i for i in candidates if i not in admission.rejected]
+                    await self._insert_kept(raw, messages, copies, receipt, priorities, kept)
                     await self.limits.settle_publish(conn, held, limited, admission)
         except Unavailable:
             await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
@@ -440,6 +439,27 @@ class Publisher:
             _mark(plans, admission.rejected, infos, "rejected")
         if claims.duplicates:
             _mark(plans, claims.duplicates, infos, "duplicates")
+
+    async def _insert_kept(
+        self,
+        raw: Any,
+        messages: list[tuple[str, OutgoingMessage]],
+        copies: list[tuple[int, int]],
+        receipt: str,
+        priorities: list[int | None] | None,
+        kept: list[int],
+    ) -> None:
+        """Insert the copies ``kept`` (indexes into ``copies``) on ``raw``, in its
+        transaction, with the statement of every publish."""
+        if kept:
+            await store.insert_copies(
+                self.db.hot,
+                messages,
+                [copies[i] for i in kept],
+                receipt,
+                priorities=None if priorities is None else [priorities[i] for i in kept],
+                within=raw,
+            )
 
     async def _admit(
         self,

@@ -4,6 +4,10 @@ One row per (queue, message_id) published into a queue declared with
 ``x-deduplication-window-seconds`` (migration 0011), kept while the window lasts. Only such
 queues come here: a plain queue's publish never runs any of this.
 
+Each runs on an asyncpg connection in the caller's transaction: the publish's own on the
+hot path's stable pool (every plan of these statements is safe: they read nothing of
+``messages``; storage/planner.py), or the length-limited publish's (storage/limits.py).
+
 - ``claim``: in the publish's transaction, before its INSERT of copies, one statement claims
   the row of every copy bound for a windowed queue. A row that is absent, or older than its
   queue's window, is (re)written and returned: that copy is stored. A row within the window
@@ -23,45 +27,54 @@ queues come here: a plain queue's publish never runs any of this.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import exc as sa_exc
+import asyncpg
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.errors import InternalError
-from app.storage.driver_errors import FK_PUBLISH_DEDUP_QUEUE, constraint, sqlstate
+from app.storage.driver_errors import FK_PUBLISH_DEDUP_QUEUE, constraint
 from app.storage.fastpath import HotPath, Statement
 from app.storage.messages import QueueDeleted
 
-#: 40P01: the claim was chosen as a deadlock's victim (only a transaction of the application's
-#: own, contract §18, can claim in another order than ours)
-DEADLOCK_DETECTED = "40P01"
-
 _WINDOW = "CAST(q.arguments ->> 'x-deduplication-window-seconds' AS bigint) * interval '1 second'"
 
-# ON CONFLICT DO UPDATE ... WHERE: the row is rewritten (and returned) only when it is older
-# than the queue's window (one probe of the queues' primary key, only for a conflicting row);
-# otherwise the conflicting row is locked, left as it is, and not returned. published_at is
-# statement_timestamp() (the column's default): the clock of every claim and of the sweep.
-# ORDER BY: the rows are taken in one order by every claim (no deadlock between two of ours).
-CLAIM = text(f"""
-INSERT INTO publish_dedup AS d (queue_id, message_id)
-SELECT c.queue_id, c.message_id
-FROM unnest(CAST(:queue_id AS bigint[]), CAST(:message_id AS text[])) AS c(queue_id, message_id)
-ORDER BY c.queue_id, c.message_id COLLATE "C"
-ON CONFLICT (queue_id, message_id) DO UPDATE SET published_at = EXCLUDED.published_at
-WHERE d.published_at <= EXCLUDED.published_at
-                        - (SELECT {_WINDOW} FROM queues AS q WHERE q.id = d.queue_id)
-RETURNING d.queue_id, d.message_id
+# ON CONFLICT DO UPDATE ... WHERE: the row is rewritten (and returned by the INSERT) only
+# when it is older than the queue's window (one probe of the queues' primary key, only for a
+# conflicting row); otherwise the conflicting row is locked, left as it is, and not returned.
+# published_at is statement_timestamp() (the column's default): the clock of every claim and
+# of the sweep. ORDER BY: the rows are taken in one order by every claim (no deadlock
+# between two of ours). The statement answers with the 1-based ordinals of the keys NOT
+# claimed — the duplicates — so the common answer is no row at all.
+CLAIM = Statement(
+    text(f"""
+WITH k AS (
+    SELECT * FROM unnest(CAST(:queue_id AS bigint[]), CAST(:message_id AS text[]))
+             WITH ORDINALITY AS k(queue_id, message_id, ord)
+),
+claimed AS (
+    INSERT INTO publish_dedup AS d (queue_id, message_id)
+    SELECT k.queue_id, k.message_id FROM k ORDER BY k.queue_id, k.message_id COLLATE "C"
+    ON CONFLICT (queue_id, message_id) DO UPDATE SET published_at = EXCLUDED.published_at
+    WHERE d.published_at <= EXCLUDED.published_at
+                            - (SELECT {_WINDOW} FROM queues AS q WHERE q.id = d.queue_id)
+    RETURNING d.queue_id, d.message_id
+)
+SELECT k.ord FROM k
+WHERE NOT EXISTS (SELECT FROM claimed AS c
+                  WHERE c.queue_id = k.queue_id AND c.message_id = k.message_id)
 """)
+)
 
 # This transaction's own claims, undone: the rows it wrote (whether new or rewritten over a
 # row older than the window, which the sweep would delete anyway).
-RELEASE = text("""
+RELEASE = Statement(
+    text("""
 DELETE FROM publish_dedup AS d
 USING unnest(CAST(:queue_id AS bigint[]), CAST(:message_id AS text[])) AS c(queue_id, message_id)
 WHERE d.queue_id = c.queue_id AND d.message_id = c.message_id
 """)
+)
 
 # Up to :batch rows older than their queue's window, in ONE statement that never waits:
 # - ``owners``: the queues that have rows, found by skipping through the sweep index's first
@@ -103,34 +116,36 @@ DELETE FROM publish_dedup WHERE ctid = ANY(ARRAY(SELECT ctid FROM stale))
 
 
 class ClaimDeadlocked(InternalError):
-    """The claim was a deadlock's victim; nothing was stored and the publish may run again."""
+    """The claim was a deadlock's victim (40P01: only a transaction of the application's own,
+    contract §18, can claim in another order than ours); nothing was stored and the publish
+    may run again."""
 
 
-async def claim(conn: AsyncConnection, keys: Sequence[tuple[int, str]]) -> set[tuple[int, str]]:
+def _keys(keys: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    return {"queue_id": [k[0] for k in keys], "message_id": [k[1] for k in keys]}
+
+
+async def claim(conn: asyncpg.Connection, keys: Sequence[tuple[int, str]]) -> set[int]:
     """Claim (queue id, message_id) ``keys`` (distinct) in ``conn``'s transaction; returns
-    those claimed — the others are duplicates within their queue's window. Raises
+    the indexes of those NOT claimed: duplicates within their queue's window. Raises
     QueueDeleted when a queue no longer exists (nothing stored), ClaimDeadlocked."""
     if not keys:
         return set()
-    params = {"queue_id": [k[0] for k in keys], "message_id": [k[1] for k in keys]}
     try:
-        rows = (await conn.execute(CLAIM, params)).all()
-    except sa_exc.IntegrityError as exc:
+        rows = await conn.fetch(CLAIM.sql, *CLAIM.args(_keys(keys)))
+    except asyncpg.ForeignKeyViolationError as exc:
         if constraint(exc) == FK_PUBLISH_DEDUP_QUEUE:
             raise QueueDeleted() from None
         raise
-    except sa_exc.DBAPIError as exc:
-        if sqlstate(exc) == DEADLOCK_DETECTED:
-            raise ClaimDeadlocked() from None
-        raise
-    return {(int(r[0]), str(r[1])) for r in rows}
+    except asyncpg.DeadlockDetectedError:
+        raise ClaimDeadlocked() from None
+    return {int(r[0]) - 1 for r in rows}
 
 
-async def release(conn: AsyncConnection, keys: Sequence[tuple[int, str]]) -> None:
+async def release(conn: asyncpg.Connection, keys: Sequence[tuple[int, str]]) -> None:
     """Undo this transaction's claims of ``keys``."""
     if keys:
-        params = {"queue_id": [k[0] for k in keys], "message_id": [k[1] for k in keys]}
-        await conn.execute(RELEASE, params)
+        await conn.execute(RELEASE.sql, *RELEASE.args(_keys(keys)))
 
 
 async def sweep(hot: HotPath, batch: int) -> int:

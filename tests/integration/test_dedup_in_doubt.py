@@ -2,7 +2,7 @@
 connection breaks while a publish into a windowed queue commits and the database cannot be
 asked in time (503 "it may have been"); the publisher sends the same message_id again, and
 the queue ends with exactly one copy whichever way the first commit went. Real PostgreSQL;
-the broken commit is injected around the publish's transaction."""
+the broken connection is injected around the publish's transaction."""
 
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ from app.storage.database import Database
 from tests.integration.test_publish_atomicity import ADMIN, count, execute, message, publisher_for
 
 
-class _RolledBack(Exception):
-    pass
-
-
 @pytest.fixture
 async def windowed(database_url: str) -> str:
     await execute(
@@ -34,32 +30,33 @@ async def windowed(database_url: str) -> str:
 
 
 def break_the_next_commit(monkeypatch: pytest.MonkeyPatch, db: Database, *, commit: bool) -> None:
-    """The next transaction commits (or rolls back), then its connection "breaks"; the
-    database cannot be asked afterwards. Later transactions run as usual."""
-    real = db.transaction
+    """The next publish into a windowed queue loses its connection: after its transaction
+    committed (``commit``), or while its INSERT was being sent (so nothing committed). The
+    database cannot be asked afterwards. Later publishes run as usual."""
+    real_connection = db.hot.connection
+    real_insert = store.insert_copies
     calls = 0
 
     @asynccontextmanager
-    async def breaking() -> AsyncIterator[Any]:
+    async def connection(*, stable: bool = False) -> AsyncIterator[Any]:
         nonlocal calls
-        calls += 1
-        if calls > 1:
-            async with real() as conn:
-                yield conn
-            return
-        try:
-            async with real() as conn:
-                yield conn
-                if not commit:
-                    raise _RolledBack
-        except _RolledBack:
-            pass
-        raise Unavailable()
+        calls += stable
+        async with real_connection(stable=stable) as conn:
+            yield conn
+        if stable and calls == 1:
+            raise Unavailable()  # the transaction inside has committed
+
+    async def insert_copies(*args: Any, **kwargs: Any) -> Any:
+        if calls == 1:
+            raise Unavailable()  # sent, never answered: rolled back
+        return await real_insert(*args, **kwargs)
 
     async def unreachable(hot: Any, receipt: str) -> bool:
         raise Unavailable()
 
-    monkeypatch.setattr(db, "transaction", breaking)
+    monkeypatch.setattr(db.hot, "connection", connection)
+    if not commit:
+        monkeypatch.setattr(store, "insert_copies", insert_copies)
     monkeypatch.setattr(store, "settle_in_doubt", unreachable)
     monkeypatch.setattr(publisher_module, "IN_DOUBT_SECONDS", 0.2)
 

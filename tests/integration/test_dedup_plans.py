@@ -19,7 +19,6 @@ import pytest
 
 from app.storage import dedup
 from app.storage.dsn import asyncpg_dsn
-from app.storage.fastpath import Statement
 from tests.integration.test_query_plans import MODES, _plan
 
 ROWS = 20_000
@@ -116,7 +115,7 @@ async def test_the_claim_probes_the_primary_key(conn: asyncpg.Connection, mode: 
     queue_id = await conn.fetchval("SELECT id FROM queues WHERE name = 'day'")
     params = {"queue_id": [queue_id] * 3, "message_id": ["m1", "m2", "new"]}
     async with conn.transaction():
-        nodes = await _plan(conn, Statement(dedup.CLAIM), params, mode)
+        nodes = await _plan(conn, dedup.CLAIM, params, mode)
     assert not _reads(nodes), nodes  # nothing but the insert's own arbiter probe
     conflict = [n for n in nodes if n["Node Type"] == "ModifyTable"]
     assert conflict, nodes
