@@ -69,11 +69,14 @@ def _rate_result(name: str, params: dict[str, Any], count: int, elapsed: float) 
     )
 
 
-async def mx_publish(run: Run, limited: bool) -> Result:
+async def _publish_scenario(
+    run: Run, label: str, arguments: dict[str, Any], params: dict[str, Any], expected: int
+) -> Result:
+    """Batch-publish the run's count into a new queue declared with ``arguments``, from
+    ``publishers`` connections, metered; the rate, after checking that ``expected`` copies
+    are ready."""
     s = run.mx_settings()
-    queue = mx.unique("limits-full" if limited else "limits-plain")
-    limit = full_limit(s.count)
-    arguments = {"x-max-length": limit, "x-overflow": "drop-head"} if limited else {}
+    queue = mx.unique("limits-" + label.rsplit(" ", 1)[-1])
     await _declare(s.mx, queue, arguments)
     try:
         s.meters.start()
@@ -87,13 +90,11 @@ async def mx_publish(run: Run, limited: bool) -> Result:
         elapsed = time.monotonic() - started
         s.meters.stop()
         stats = await s.mx.stats(queue)
-        expected = min(s.count, limit) if limited else s.count
         if stats["ready"] != expected:
             raise BenchError(f"{queue} holds {stats['ready']} ready, expected {expected}")
-        label = "max-length drop-head" if limited else "plain"
         result = _rate_result(
             f"limits mx publish=batch queue={label}",
-            {"system": "messagex", "queue": label, "limit": limit, "publishers": s.publishers},
+            {"system": "messagex", "queue": label, "publishers": s.publishers, **params},
             s.count,
             elapsed,
         )
@@ -101,6 +102,15 @@ async def mx_publish(run: Run, limited: bool) -> Result:
         return result
     finally:
         await s.mx.delete_queue(queue)
+
+
+async def mx_publish(run: Run, limited: bool) -> Result:
+    count = run.cfg.count
+    limit = full_limit(count)
+    arguments = {"x-max-length": limit, "x-overflow": "drop-head"} if limited else {}
+    label = "max-length drop-head" if limited else "plain"
+    expected = min(count, limit) if limited else count
+    return await _publish_scenario(run, label, arguments, {"limit": limit}, expected)
 
 
 #: the window of the dedup publish scenario (longer than any run: no row expires meanwhile)
@@ -109,34 +119,9 @@ DEDUP_WINDOW_S = 3600
 
 async def mx_publish_dedup(run: Run) -> Result:
     """Batch publishes into a queue with a deduplication window, nothing a duplicate."""
-    s = run.mx_settings()
-    queue = mx.unique("limits-dedup")
-    await _declare(s.mx, queue, {"x-deduplication-window-seconds": DEDUP_WINDOW_S})
-    try:
-        s.meters.start()
-        started = time.monotonic()
-        await asyncio.wait_for(
-            asyncio.gather(
-                *(s.mx.publisher(queue, seqs, "batch") for seqs in shares(s.count, s.publishers))
-            ),
-            s.deadline,
-        )
-        elapsed = time.monotonic() - started
-        s.meters.stop()
-        stats = await s.mx.stats(queue)
-        if stats["ready"] != s.count:
-            raise BenchError(f"{queue} holds {stats['ready']} ready, expected {s.count}")
-        label = "dedup-window"
-        result = _rate_result(
-            f"limits mx publish=batch queue={label}",
-            {"system": "messagex", "queue": label, "window_s": DEDUP_WINDOW_S},
-            s.count,
-            elapsed,
-        )
-        result.cpu_s_per_1k = s.meters.per_1k(s.count)
-        return result
-    finally:
-        await s.mx.delete_queue(queue)
+    arguments = {"x-deduplication-window-seconds": DEDUP_WINDOW_S}
+    params = {"window_s": DEDUP_WINDOW_S}
+    return await _publish_scenario(run, "dedup-window", arguments, params, run.cfg.count)
 
 
 async def mx_ws(run: Run) -> Result:
