@@ -101,6 +101,17 @@ def test_a_repeated_message_id_is_a_duplicate_in_this_queue_only(adm: httpx.Clie
     assert (stats(adm, q)["ready"], stats(adm, plain)["ready"]) == (1, 2)
 
 
+def test_a_mandatory_duplicate_is_routed_and_stores_nothing(adm: httpx.Client) -> None:
+    q = windowed(adm)
+    bind(adm, "amq.direct", q, q)
+    body = {"routing_key": q, "body": 1, "mandatory": True, "properties": {"message_id": "m"}}
+    assert adm.post("/exchanges/amq.direct/publish", json=body).json()["queues"] == [q]
+    r = adm.post("/exchanges/amq.direct/publish", json=body)
+    assert r.status_code == 200, r.text
+    assert (r.json()["routed"], r.json()["duplicates"]) == (True, [q])
+    assert stats(adm, q)["ready"] == 1
+
+
 def test_publish_straight_to_the_queue_and_broker_made_ids(adm: httpx.Client) -> None:
     q = windowed(adm)
     assert to_queue(adm, q, "a")["queues"] == [q]
