@@ -10,12 +10,12 @@ hot path's stable pool (every plan of these statements is safe: they read nothin
 
 - ``claim``: in the publish's transaction, before its INSERT of copies, one statement claims
   the row of every copy bound for a windowed queue. A row that is absent, or older than its
-  queue's window, is (re)written and returned: that copy is stored. A row within the window
-  is left alone and not returned: the copy is a duplicate. Two transactions claiming one
-  (queue, message_id) serialise on the primary key: the second waits for the first to end and
-  then sees its row (a duplicate) or, after a rollback, none (it claims). Every claim takes
-  its rows in (queue_id, message_id) order, so two publishes never wait on each other in a
-  cycle.
+  queue's window, is (re)written: that copy is stored. A row within the window is left
+  alone: the copy is a duplicate, and the statement answers with it. Two transactions
+  claiming one (queue, message_id) serialise on the primary key: the second waits for the
+  first to end and then sees its row (a duplicate) or, after a rollback, none (it claims).
+  Every claim takes its rows in (queue_id, message_id) order, so two publishes never wait on
+  each other in a cycle.
 - ``release``: in the same transaction, the claims of copies the length rule then rejected
   (``x-overflow`` reject-publish*): a copy that was not stored does not burn its message_id
   (docs/decisions.md).
