@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from asyncpg.transaction import Transaction
 
+from app.domain.model import OutgoingMessage
 from app.storage.database import Database
 from app.storage.dsn import asyncpg_dsn
 from tests.integration.test_publish_atomicity import ADMIN, count, execute, message, publisher_for
@@ -44,18 +46,26 @@ async def _waiting_on_a_lock(database_url: str) -> bool:
     return int(rows[0][0]) > 0
 
 
-def _sent(message_id: str) -> object:
+def _sent(message_id: str) -> OutgoingMessage:
     return message(message_id=message_id, properties={"message_id": message_id})
+
+
+async def _holding(app: asyncpg.Connection, message_id: str, *settings: str) -> Transaction:
+    """The application's transaction, open, holding its claim of ``message_id`` in 'w'."""
+    queue_id = await app.fetchval("SELECT id FROM queues WHERE name = 'w'")
+    tx = app.transaction()
+    await tx.start()
+    for setting in settings:
+        await app.execute(setting)
+    await app.execute(CLAIM, queue_id, message_id)
+    return tx
 
 
 async def test_a_claim_held_by_an_open_transaction_waits_then_is_a_duplicate(
     db: Database, app: asyncpg.Connection, database_url: str
 ) -> None:
-    queue_id = await app.fetchval("SELECT id FROM queues WHERE name = 'w'")
     publisher, _metrics, _woken = publisher_for(db)
-    tx = app.transaction()
-    await tx.start()
-    await app.execute(CLAIM, queue_id, "held")
+    tx = await _holding(app, "held")
     publishing = asyncio.create_task(publisher.publish_to_queue(ADMIN, "w", [_sent("held")]))
     await async_wait_for(lambda: _waiting_on_a_lock(database_url), message="the wait")
     assert not publishing.done()
@@ -68,17 +78,14 @@ async def test_a_claim_held_by_an_open_transaction_waits_then_is_a_duplicate(
 async def test_a_deadlocked_publish_runs_again(
     db: Database, app: asyncpg.Connection, database_url: str
 ) -> None:
-    queue_id = await app.fetchval("SELECT id FROM queues WHERE name = 'w'")
     publisher, _metrics, _woken = publisher_for(db)
-    tx = app.transaction()
-    await tx.start()
     # the broker's session detects the deadlock first (1 s by default): it is the victim
-    await app.execute("SET LOCAL deadlock_timeout = '20s'")
-    await app.execute(CLAIM, queue_id, "b")
+    tx = await _holding(app, "b", "SET LOCAL deadlock_timeout = '20s'")
     # the broker claims "a", then waits for "b"
     batch = [_sent("a"), _sent("b")]
     publishing = asyncio.create_task(publisher.publish_to_queue(ADMIN, "w", batch))
     await async_wait_for(lambda: _waiting_on_a_lock(database_url), message="the wait")
+    queue_id = await app.fetchval("SELECT id FROM queues WHERE name = 'w'")
     await app.execute(CLAIM, queue_id, "a")  # waits for the broker: a cycle
     await tx.commit()
     results = await asyncio.wait_for(publishing, 10)
