@@ -72,6 +72,12 @@ class Metrics:
             ["reason", "outcome"],
             registry=r,
         )
+        self.duplicates = Counter(
+            "messagex_message_copies_duplicate",
+            "Copies a publish did not store because their message_id was published into the "
+            "queue within its x-deduplication-window-seconds (contract §15)",
+            registry=r,
+        )
         self.acked = Counter("messagex_messages_acked", "Deliveries acknowledged", registry=r)
         self.ack_statements = Counter(
             "messagex_ack_statements",

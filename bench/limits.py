@@ -5,6 +5,9 @@
   whole time (every publish drops as many as it adds) — the figure is the publish rate; the target
   is the limited one within 20 % of the plain one. RabbitMQ beside it when reachable (durable
   queue, persistent messages, publisher confirms; the same ``x-max-length``).
+- ``limits publish queue=dedup-window``: the same publishes into a queue with
+  ``x-deduplication-window-seconds`` (contract §15): every message has a new broker-made
+  message_id, so every copy claims its row and is stored — what the claim costs.
 - ``limits ws``: the headline shape (batch publish → WebSocket prefetch 100 → ack) into a
   queue whose limit is never reached: what counting costs a limited queue that drops nothing.
 - ``limits claim``: ``POST /queues/{q}/get`` (max_messages 1, then ack) from a queue holding a
@@ -66,11 +69,14 @@ def _rate_result(name: str, params: dict[str, Any], count: int, elapsed: float) 
     )
 
 
-async def mx_publish(run: Run, limited: bool) -> Result:
+async def _publish_scenario(
+    run: Run, label: str, arguments: dict[str, Any], params: dict[str, Any], expected: int
+) -> Result:
+    """Batch-publish the run's count into a new queue declared with ``arguments``, from
+    ``publishers`` connections, metered; the rate, after checking that ``expected`` copies
+    are ready."""
     s = run.mx_settings()
-    queue = mx.unique("limits-full" if limited else "limits-plain")
-    limit = full_limit(s.count)
-    arguments = {"x-max-length": limit, "x-overflow": "drop-head"} if limited else {}
+    queue = mx.unique("limits-" + label.rsplit(" ", 1)[-1])
     await _declare(s.mx, queue, arguments)
     try:
         s.meters.start()
@@ -84,13 +90,11 @@ async def mx_publish(run: Run, limited: bool) -> Result:
         elapsed = time.monotonic() - started
         s.meters.stop()
         stats = await s.mx.stats(queue)
-        expected = min(s.count, limit) if limited else s.count
         if stats["ready"] != expected:
             raise BenchError(f"{queue} holds {stats['ready']} ready, expected {expected}")
-        label = "max-length drop-head" if limited else "plain"
         result = _rate_result(
             f"limits mx publish=batch queue={label}",
-            {"system": "messagex", "queue": label, "limit": limit, "publishers": s.publishers},
+            {"system": "messagex", "queue": label, "publishers": s.publishers, **params},
             s.count,
             elapsed,
         )
@@ -98,6 +102,26 @@ async def mx_publish(run: Run, limited: bool) -> Result:
         return result
     finally:
         await s.mx.delete_queue(queue)
+
+
+async def mx_publish(run: Run, limited: bool) -> Result:
+    count = run.cfg.count
+    limit = full_limit(count)
+    arguments = {"x-max-length": limit, "x-overflow": "drop-head"} if limited else {}
+    label = "max-length drop-head" if limited else "plain"
+    expected = min(count, limit) if limited else count
+    return await _publish_scenario(run, label, arguments, {"limit": limit}, expected)
+
+
+#: the window of the dedup publish scenario (longer than any run: no row expires meanwhile)
+DEDUP_WINDOW_S = 3600
+
+
+async def mx_publish_dedup(run: Run) -> Result:
+    """Batch publishes into a queue with a deduplication window, nothing a duplicate."""
+    arguments = {"x-deduplication-window-seconds": DEDUP_WINDOW_S}
+    params = {"window_s": DEDUP_WINDOW_S}
+    return await _publish_scenario(run, "dedup-window", arguments, params, run.cfg.count)
 
 
 async def mx_ws(run: Run) -> Result:
@@ -284,8 +308,9 @@ def add_ratios(results: list[Result]) -> None:
     by_name = {r.name: r for r in results if r.group == GROUP and r.status == "ok"}
     for r in list(by_name.values()):
         plain = None
-        if "drop-head" in r.name:
-            plain = by_name.get(r.name.replace("max-length drop-head", "plain"))
+        if "drop-head" in r.name or "dedup-window" in r.name:
+            twin = r.name.replace("max-length drop-head", "plain").replace("dedup-window", "plain")
+            plain = by_name.get(twin)
             if plain and plain.rate and r.rate:
                 r.extra["rate_ratio_to_plain"] = round(r.rate / plain.rate, 3)
         elif "x-max-priority" in r.name:
@@ -309,6 +334,8 @@ async def run(run: Run) -> None:
         if rabbit:
             work = rabbit_publish(run, limited)
             await run.scenario(GROUP, f"limits rabbitmq publish=batch queue={label}", work)
+    work = mx_publish_dedup(run)
+    await run.scenario(GROUP, "limits mx publish=batch queue=dedup-window", work)
     await run.scenario(GROUP, "limits mx ws publish=batch prefetch=100", mx_ws(run))
     for priority in (False, True):
         label = "x-max-priority=9" if priority else "plain"

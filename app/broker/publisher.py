@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from app.auth.permissions import Access, require
+from app.broker.dedup import Claims, Dedup
 from app.broker.limits import Admission, Limits, QueueInfo
 from app.broker.routing_cache import MAX_BINDINGS, Router, Routes, RoutingCache
 from app.broker.tasks import TaskOwner
@@ -37,6 +38,7 @@ from app.errors import (
     Unroutable,
 )
 from app.metrics import Metrics
+from app.storage import dedup as dedup_store
 from app.storage import limits as limits_store
 from app.storage import messages as store
 from app.storage.database import Database
@@ -61,6 +63,9 @@ Reserve = Callable[[Mapping[int, int]], Awaitable["HandOff | None"]]
 #: retried with fresh bindings (it is ordered after the delete). More than this many
 #: collisions in a row would need a pathological declare/delete loop.
 _ATTEMPTS = 3
+
+#: what makes a lone request's write run again: nothing was stored and its cause has passed
+_AGAIN = (store.QueueDeleted, dedup_store.ClaimDeadlocked)
 
 #: at most this many publish calls share one group write (MESSAGEX_PUBLISH_GROUP_MAX)
 GROUP_MAX = 256
@@ -88,6 +93,8 @@ class _Plan:
     unroutable: int = 0
     #: copies the length rule did not store (x-overflow reject-publish*)
     rejected: int = 0
+    #: copies not stored as duplicates (x-deduplication-window-seconds, contract §15)
+    duplicates: int = 0
 
 
 @dataclass(slots=True)
@@ -167,6 +174,8 @@ class Publisher:
         self.routing = RoutingCache(routing_cache_bindings)
         #: queues' priorities and length limits (contract §13)
         self.limits = Limits(db, metrics)
+        #: idempotent publish (contract §15)
+        self.dedup = Dedup(db, metrics)
 
     def set_reserve(self, reserve: Reserve) -> None:
         """Let copies go straight to idle subscribers with prefetch room (the direct
@@ -267,7 +276,7 @@ class Publisher:
                 # One request's problem must not fail the others: write each on its own.
                 for request in group:
                     await self._write_group([request])
-            elif isinstance(exc, store.QueueDeleted) and attempt < _ATTEMPTS:
+            elif isinstance(exc, _AGAIN) and attempt < _ATTEMPTS:
                 self._queue_ids.clear()
                 await self._write_group(group, attempt + 1)
             elif isinstance(exc, store.QueueDeleted) and group[0].queue is not None:
@@ -354,8 +363,8 @@ class Publisher:
             copies.extend((offset + index, queue_id) for index, queue_id in plan.copies)
         receipt = str(uuid.uuid4())
         infos, priorities = await self.limits.priorities(messages, copies)
-        if any(i.arguments.limited for i in infos.values()):
-            await self._insert_limited(plans, messages, copies, receipt, infos, priorities)
+        if any(i.arguments.limited or i.arguments.deduplicated for i in infos.values()):
+            await self._insert_admitted(plans, messages, copies, receipt, infos, priorities)
             return set()
         handoff = await self._reserve_room(messages, copies)
         try:
@@ -389,7 +398,7 @@ class Publisher:
         done = {row.copy for row in handed}
         return queues.difference(q for i, (_, q) in enumerate(copies) if i not in done)
 
-    async def _insert_limited(
+    async def _insert_admitted(
         self,
         plans: list[_Plan],
         messages: list[tuple[str, OutgoingMessage]],
@@ -398,43 +407,96 @@ class Publisher:
         infos: dict[int, QueueInfo],
         priorities: list[int | None] | None,
     ) -> None:
-        """The group has copies for length-limited queues: one transaction that locks them
-        (broker/limits.py), leaves out the copies their x-overflow rejects, inserts the
-        rest with the same statement as any publish (no direct hand-off), and drops the
-        head of the queues that went over. Each plan's results then name the rejecting
-        queues under ``rejected``."""
+        """The group has copies for length-limited or deduplicated queues: one transaction
+        that locks the limited ones (broker/limits.py), claims the message_ids bound for the
+        deduplicated ones (broker/dedup.py: in that order, so that no two publishes wait on
+        each other in a cycle), leaves out the duplicates and then the copies x-overflow
+        rejects (releasing their claims: a rejected copy does not burn its message_id),
+        inserts the rest with the same statement as any publish (no direct hand-off), and
+        drops the head of the queues that went over. Each plan's results then name the
+        refusing queues under ``rejected`` and ``duplicates``."""
         limited = [q for q, info in infos.items() if info.arguments.limited]
-        if all(limits_store.deletes_only(infos[q]) for q in limited):
+        deduplicated = any(info.arguments.deduplicated for info in infos.values())
+        if (
+            limited
+            and not deduplicated
+            and all(limits_store.deletes_only(infos[q]) for q in limited)
+        ):
             await self._insert_trimmed(
                 messages, copies, receipt, [infos[q] for q in limited], priorities
             )
             return
         admission = Admission()
+        claims = Claims()
         try:
-            async with self.db.transaction() as conn:
-                held = await self.limits.hold(conn, limited)
-                admission = await self.limits.admit(conn, held, messages, copies, priorities)
-                kept = [c for i, c in enumerate(copies) if i not in admission.rejected]
-                kept_priorities = (
-                    None
-                    if priorities is None
-                    else [p for i, p in enumerate(priorities) if i not in admission.rejected]
-                )
-                await store.insert_copies(
-                    self.db.hot,
-                    messages,
-                    kept,
-                    receipt,
-                    priorities=kept_priorities,
-                    within=await limits_store.driver(conn),
-                )
-                await self.limits.settle_publish(conn, held, limited, admission)
+            if not limited:
+                # Deduplication alone: no statement here reads messages, so the hot path's
+                # stable pool (generic plans: storage/planner.py) and no SQLAlchemy.
+                async with self.db.hot.connection(stable=True) as raw, raw.transaction():
+                    claims = await self.dedup.claim(raw, messages, copies, infos)
+                    kept = [i for i in range(len(copies)) if i not in claims.duplicates]
+                    await self._insert_kept(raw, messages, copies, receipt, priorities, kept)
+            else:
+                async with self.db.transaction() as conn:
+                    held = await self.limits.hold(conn, limited)
+                    raw = await limits_store.driver(conn)
+                    claims = await self.dedup.claim(raw, messages, copies, infos)
+                    candidates = [i for i in range(len(copies)) if i not in claims.duplicates]
+                    admission = await self._admit(
+                        conn, held, messages, copies, priorities, candidates
+                    )
+                    if admission.rejected:
+                        await self.dedup.release(raw, claims, admission.rejected)
+                    kept = [i for i in candidates if i not in admission.rejected]
+                    await self._insert_kept(raw, messages, copies, receipt, priorities, kept)
+                    await self.limits.settle_publish(conn, held, limited, admission)
         except Unavailable:
             await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
         self.limits.count_admission(admission)
+        self.dedup.count(len(claims.duplicates))
         self._notify(admission.dropped.woken, {})
         if admission.rejected:
-            self._mark_rejected(plans, admission.rejected, infos)
+            _mark(plans, admission.rejected, infos, "rejected")
+        if claims.duplicates:
+            _mark(plans, claims.duplicates, infos, "duplicates")
+
+    async def _insert_kept(
+        self,
+        raw: Any,
+        messages: list[tuple[str, OutgoingMessage]],
+        copies: list[tuple[int, int]],
+        receipt: str,
+        priorities: list[int | None] | None,
+        kept: list[int],
+    ) -> None:
+        """Insert the copies ``kept`` (indexes into ``copies``) on ``raw``, in its
+        transaction, with the statement of every publish."""
+        if kept:
+            await store.insert_copies(
+                self.db.hot,
+                messages,
+                [copies[i] for i in kept],
+                receipt,
+                priorities=None if priorities is None else [priorities[i] for i in kept],
+                within=raw,
+            )
+
+    async def _admit(
+        self,
+        conn: Any,
+        held: dict[int, QueueInfo],
+        messages: list[tuple[str, OutgoingMessage]],
+        copies: list[tuple[int, int]],
+        priorities: list[int | None] | None,
+        candidates: list[int],
+    ) -> Admission:
+        """The length rule on the copies ``candidates`` (those not duplicates), with
+        ``rejected`` as indexes into all ``copies``."""
+        chosen = [copies[i] for i in candidates]
+        chosen_priorities = None if priorities is None else [priorities[i] for i in candidates]
+        admission = await self.limits.admit(conn, held, messages, chosen, chosen_priorities)
+        admission.rejected = {candidates[i] for i in admission.rejected}
+        return admission
 
     async def _insert_trimmed(
         self,
@@ -444,7 +506,7 @@ class Publisher:
         limited: list[QueueInfo],
         priorities: list[int | None] | None,
     ) -> None:
-        """``_insert_limited`` where every limited queue only deletes its head (drop-head, a
+        """``_insert_admitted`` where every limited queue only deletes its head (drop-head, a
         limit on copies, no dead-letter target: the common case): lock, insert, trim in one
         transaction on the hot path (storage/limits.py, ``insert_and_trim``)."""
 
@@ -459,20 +521,6 @@ class Publisher:
             await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
             return
         self.limits.count_dropped(limits_store.Dropped(discarded=dropped))
-
-    @staticmethod
-    def _mark_rejected(plans: list[_Plan], rejected: set[int], infos: dict[int, QueueInfo]) -> None:
-        """Move each rejected copy's queue from its result's ``queues`` to ``rejected``."""
-        index = 0
-        for plan in plans:
-            for message, queue_id in plan.copies:
-                if index in rejected:
-                    result = plan.results[message]
-                    name = infos[queue_id].name
-                    result.queues.remove(name)
-                    result.rejected.append(name)
-                    plan.rejected += 1
-                index += 1
 
     async def _reserve_room(
         self, messages: list[tuple[str, OutgoingMessage]], copies: list[tuple[int, int]]
@@ -577,8 +625,9 @@ class Publisher:
 
     def _committed(self, plan: _Plan) -> list[PublishResult]:
         self.metrics.published.inc(len(plan.messages))
-        if len(plan.copies) > plan.rejected:
-            self.metrics.routed_copies.inc(len(plan.copies) - plan.rejected)
+        stored = len(plan.copies) - plan.rejected - plan.duplicates
+        if stored > 0:
+            self.metrics.routed_copies.inc(stored)
         if plan.unroutable:
             self.metrics.unroutable.inc(plan.unroutable)
         return plan.results
@@ -658,6 +707,25 @@ def _handed_delivery(
         row.created_at,
         row.delivery_tag,
     )
+
+
+def _mark(plans: list[_Plan], refused: set[int], infos: dict[int, QueueInfo], kind: str) -> None:
+    """Move each refused copy's queue from its result's ``queues`` to ``rejected`` or
+    ``duplicates`` (``kind``); ``refused`` indexes the group's copies, plan after plan."""
+    index = 0
+    for plan in plans:
+        for message, queue_id in plan.copies:
+            if index in refused:
+                result = plan.results[message]
+                name = infos[queue_id].name
+                result.queues.remove(name)
+                if kind == "rejected":
+                    result.rejected.append(name)
+                    plan.rejected += 1
+                else:
+                    result.duplicates.append(name)
+                    plan.duplicates += 1
+            index += 1
 
 
 def _fail(group: list[_Request], exc: BaseException) -> None:

@@ -22,6 +22,10 @@ from app.telemetry import Tracing, load_tracing
 
 #: expired sessions are deleted (and their sockets closed) this often
 SESSION_SWEEP_SECONDS = 60.0
+#: publish_dedup rows older than their queue's window are swept this often (contract §15;
+#: the window's bookkeeping must not grow without bound, and a stale row is never mistaken
+#: for a duplicate: the claim compares ages itself)
+DEDUP_SWEEP_SECONDS = 2.0
 #: queues whose x-expires ran out are looked for this often (contract §13: at least once a
 #: second); one probe of ix_queues_idle_expires_at when there are none
 QUEUE_EXPIRY_SECONDS = 0.5
@@ -73,6 +77,10 @@ class Services:
         self.tasks.spawn(
             every(SESSION_SWEEP_SECONDS, self.publisher.sweep_receipts, "receipt-sweep"),
             name="receipt-sweep",
+        )
+        self.tasks.spawn(
+            every(DEDUP_SWEEP_SECONDS, self.publisher.dedup.sweep, "dedup-sweep"),
+            name="dedup-sweep",
         )
         self.tasks.spawn(
             every(QUEUE_EXPIRY_SECONDS, self.topology.expire_idle_queues, "queue-expiry"),

@@ -1,5 +1,5 @@
 """Queue and exchange ``arguments`` that take effect, and the message properties that go
-with them (contract §13, §14): parsed and checked in one place, no I/O.
+with them (contract §13, §14, §15): parsed and checked in one place, no I/O.
 
 Every declaration path calls :func:`parse_queue_arguments` / :func:`parse_exchange_arguments`
 before anything is stored, so a wrong type, range or combination is one 422 naming the
@@ -35,6 +35,9 @@ MAX_PRIORITY = 255
 MAX_GROUP_ID = 128
 #: Length limits are stored and compared as bigint.
 MAX_LENGTH = 2**63 - 1
+#: ``x-deduplication-window-seconds`` (contract §15): 1 s to one day.
+MIN_DEDUP_WINDOW_SECONDS = 1
+MAX_DEDUP_WINDOW_SECONDS = 86_400
 
 
 class Overflow(StrEnum):
@@ -66,6 +69,7 @@ MESSAGE_GROUPS = "x-message-groups"
 DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
 DEAD_LETTER_ROUTING_KEY = "x-dead-letter-routing-key"
 ALTERNATE_EXCHANGE = "alternate-exchange"
+DEDUP_WINDOW = "x-deduplication-window-seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,13 @@ class QueueArguments:
     message_groups: bool = False
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
+    #: ``x-deduplication-window-seconds`` (contract §15); None: no deduplication
+    dedup_window_seconds: int | None = None
+
+    @property
+    def deduplicated(self) -> bool:
+        """Whether a publish into the queue claims its message_id (contract §15)."""
+        return self.dedup_window_seconds is not None
 
     @property
     def limited(self) -> bool:
@@ -166,6 +177,9 @@ def parse_queue_arguments(raw: dict[str, Any]) -> QueueArguments:
         message_groups=groups,
         dead_letter_exchange=_name(raw, DEAD_LETTER_EXCHANGE),
         dead_letter_routing_key=routing_key,
+        dedup_window_seconds=_integer(
+            raw, DEDUP_WINDOW, MIN_DEDUP_WINDOW_SECONDS, MAX_DEDUP_WINDOW_SECONDS
+        ),
     )
 
 

@@ -179,7 +179,7 @@ class PublishResult:
     message_id: str
     #: queues that refused their copy (x-overflow reject-publish / reject-publish-dlx)
     rejected: list[str] = field(default_factory=list)
-    #: filled by idempotent publish (contract §15); always empty until then
+    #: queues that already had this message_id within their deduplication window (§15)
     duplicates: list[str] = field(default_factory=list)
 
 

@@ -129,7 +129,7 @@ export class Subscription {
   }
 }
 
-/** declareQueue's options and the §13 queue arguments they stand for (RabbitMQ's names). */
+/** declareQueue's options and the §13/§15 queue arguments they stand for (RabbitMQ's names). */
 const QUEUE_ARGUMENTS = [
   ["messageTtl", "x-message-ttl"],
   ["expires", "x-expires"],
@@ -141,6 +141,7 @@ const QUEUE_ARGUMENTS = [
   ["messageGroups", "x-message-groups"],
   ["deadLetterExchange", "x-dead-letter-exchange"],
   ["deadLetterRoutingKey", "x-dead-letter-routing-key"],
+  ["deduplicationWindowSeconds", "x-deduplication-window-seconds"],
 ];
 
 export class Client extends EventTarget {
@@ -238,7 +239,9 @@ export class Client extends EventTarget {
    * exchange; `properties.priority` (0-255) orders claims in a queue with x-max-priority.
    * Resolves with {routed, queues, message_id, rejected, duplicates} once the broker has
    * committed it: `rejected` lists the matched queues that refused their copy (full, with
-   * x-overflow reject-publish or reject-publish-dlx); `duplicates` is empty for now.
+   * x-overflow reject-publish or reject-publish-dlx); `duplicates` lists those that already
+   * had this `properties.message_id` within their x-deduplication-window-seconds (or earlier in
+   * the batch) and stored nothing — send your own message_id and a retry is safe (§15).
    * `properties.expiration` (a string of decimal digits, ms) is the message's time to live in
    * each queue it reaches; the queue's `x-message-ttl` wins when smaller.
    * `properties.group_id` (1-128 characters): in a queue with x-message-groups, copies of one
@@ -277,7 +280,8 @@ export class Client extends EventTarget {
    * maxLengthBytes (x-max-length-bytes), overflow (x-overflow), maxPriority (x-max-priority),
    * singleActiveConsumer (x-single-active-consumer), messageGroups (x-message-groups: one
    * copy of a group in flight at a time, contract §16), deadLetterExchange
-   * (x-dead-letter-exchange), deadLetterRoutingKey (x-dead-letter-routing-key) — or in
+   * (x-dead-letter-exchange), deadLetterRoutingKey (x-dead-letter-routing-key),
+   * deduplicationWindowSeconds (x-deduplication-window-seconds, 1-86400, contract §15) — or in
    * `arguments` under their RabbitMQ names. Resolves with the queue and its stats.
    */
   declareQueue(name, options = {}) {

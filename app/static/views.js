@@ -577,6 +577,37 @@ function bindingForm(ctx, fixed, reload) {
 
 const SINGLE_ACTIVE = "x-single-active-consumer";
 const MESSAGE_GROUPS = "x-message-groups";
+const DEDUP_WINDOW = "x-deduplication-window-seconds";
+
+/** Contract §15's deduplication window as a declare-form field; `read(args)` adds it when
+ * filled in (a field wins over the same key in the JSON arguments). */
+function dedupField() {
+  const input = h("input", { name: DEDUP_WINDOW, type: "number", min: 1, max: 86400, inputmode: "numeric" });
+  const el = field(`Deduplication window (s) — ${DEDUP_WINDOW}`, input,
+    "Empty: none. 1–86400: a publish whose message_id this queue received within the window stores nothing here");
+  function read(args) {
+    const v = optionalInt(input);
+    return v === null ? args : { ...args, [DEDUP_WINDOW]: v };
+  }
+  function clear() {
+    input.value = "";
+  }
+  return { el, read, clear };
+}
+
+/** A queue's deduplication window as a settings row. */
+function dedupRow(args) {
+  const v = args[DEDUP_WINDOW];
+  return [`Deduplication window (${DEDUP_WINDOW})`, v === undefined ? "none" : `${v} s`];
+}
+
+/** What a publish result says beyond its routed queues: the queues that refused the copy. */
+function refusedText(r) {
+  const rejected = r.rejected.length ? `; rejected by ${r.rejected.join(", ")} (full)` : "";
+  const duplicates = (r.duplicates || []).length
+    ? `; duplicate in ${r.duplicates.join(", ")} (message id seen within the window)` : "";
+  return rejected + duplicates;
+}
 
 /** On a single-active-consumer queue: of its consumers the oldest is the active one (or
  * becomes it once its predecessor's deliveries are settled) and the others wait. */
@@ -603,6 +634,7 @@ export function queuesView(main, _params, ctx) {
   const lifecycle = lifecycleArgumentFields();
   const singleActive = checkbox(`Single active consumer (${SINGLE_ACTIVE})`);
   const messageGroups = checkbox(`Ordered message groups (${MESSAGE_GROUPS})`);
+  const dedup = dedupField();
   const form = h(
     "form",
     { class: "card" },
@@ -615,6 +647,7 @@ export function queuesView(main, _params, ctx) {
     ...lifecycle.els,
     singleActive.el,
     messageGroups.el,
+    dedup.el,
     args.el,
     h("button", { type: "submit" }, "Declare queue"),
   );
@@ -630,13 +663,14 @@ export function queuesView(main, _params, ctx) {
           max_delivery_count: optionalInt(maxDeliveries),
           dead_letter_queue: dlq.value.trim() || null,
           ack_timeout_seconds: optionalInt(ackTimeout),
-          arguments: lifecycle.merge(limits.read(argumentsValue)),
+          arguments: dedup.read(lifecycle.merge(limits.read(argumentsValue))),
         },
         withStatus: true,
       });
       ctx.notify(r.status === 201 ? `Queue ${r.data.name} declared` : `Queue ${r.data.name} already exists as declared`);
       name.value = "";
       lifecycle.clear();
+      dedup.clear();
       refresh();
     } catch (error) {
       ctx.showError(error, "Declare queue");
@@ -748,6 +782,7 @@ export function queueView(main, params, ctx) {
           ["Dead-letter exchange (x-dead-letter-exchange)", dlx === undefined ? "none" : link(dlx, "exchanges", dlx)],
           ["Dead-letter routing key (x-dead-letter-routing-key)", a["x-dead-letter-routing-key"] ?? "the message's own"],
           [`Single active consumer (${SINGLE_ACTIVE})`, yesNo(q.arguments[SINGLE_ACTIVE] === true)],
+          dedupRow(a),
           ["Arguments", pre(json(q.arguments), "Arguments")],
         ]));
         await Promise.all([loadBindings(), browse.load()]);
@@ -935,7 +970,7 @@ export function publishView(main, params, ctx) {
     try {
       const r = await withTimeout(ctx.messagex().publish(message), PUBLISH_TIMEOUT_MS);
       fill(result, r.routed
-        ? h("p", { class: "notice ok" }, `Published: routed to ${r.queues.join(", ") || "no queue"}${r.rejected.length ? `; rejected by ${r.rejected.join(", ")} (full)` : ""} (message id ${r.message_id})`)
+        ? h("p", { class: "notice ok" }, `Published: routed to ${r.queues.join(", ") || "no queue"}${refusedText(r)} (message id ${r.message_id})`)
         : h("p", { class: "notice warn" }, `Published but not routed: no queue matched (message id ${r.message_id})`));
     } catch (error) {
       fill(result, h("p", { class: "notice error" }, `Not published: ${error.message}${error.code ? ` (${error.code})` : ""}`));

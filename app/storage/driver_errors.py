@@ -67,11 +67,15 @@ FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"
 #: queues.dead_letter_queue_id → queues: declaring a queue whose dead-letter queue does not
 #: exist (404), or deleting a queue that is another's dead-letter queue (409)
 FK_DEAD_LETTER_QUEUE = "fk_queues_dead_letter_queue_id_queues"
+#: publish_dedup.queue_id → queues: a queue with a deduplication window was deleted while a
+#: publish claimed a message_id in it
+FK_PUBLISH_DEDUP_QUEUE = "fk_publish_dedup_queue_id_queues"
 
 #: Every constraint a caller maps to a domain error, by name, with where and to what.
 CONSTRAINTS: dict[str, str] = {
     FK_MESSAGES_QUEUE: "storage.messages: QueueDeleted, the publisher routes again",
     FK_DEAD_LETTER_QUEUE: "storage.topology: NotFound on declare, PreconditionFailed on delete",
+    FK_PUBLISH_DEDUP_QUEUE: "storage.dedup: QueueDeleted, the publisher routes again",
 }
 
 

@@ -349,7 +349,8 @@ publish_dedup = Table(
     metadata,
     # Queues with x-deduplication-window-seconds (contract §15): the message_ids published
     # into each within its window; a publish claims its row with INSERT ... ON CONFLICT
-    # (migration 0011 says how), rows older than the window are swept.
+    # (migration 0011 says how), rows older than the window are swept (storage/dedup.py),
+    # per queue over ix_publish_dedup_sweep (migration 0013).
     Column("queue_id", BigInteger, ForeignKey("queues.id", ondelete="CASCADE"), primary_key=True),
     Column("message_id", Text, primary_key=True),
     Column(
@@ -358,7 +359,7 @@ publish_dedup = Table(
         nullable=False,
         server_default=text("statement_timestamp()"),
     ),
-    Index(None, "published_at"),
+    Index("ix_publish_dedup_sweep", "queue_id", "published_at"),
 )
 
 websocket_connections = Table(

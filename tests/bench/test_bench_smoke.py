@@ -177,6 +177,7 @@ def test_smoke_run_measures_the_limits_group(smoke: tuple[dict[str, Any], str]) 
     assert set(limits) == {
         "limits mx publish=batch queue=plain",
         "limits mx publish=batch queue=max-length drop-head",
+        "limits mx publish=batch queue=dedup-window",
         "limits mx ws publish=batch prefetch=100 max-length=10000000",
         "limits mx claim backlog=2000 queue=plain",
         "limits mx claim backlog=2000 queue=x-max-priority=9",
@@ -184,6 +185,7 @@ def test_smoke_run_measures_the_limits_group(smoke: tuple[dict[str, Any], str]) 
     for s in limits.values():
         assert s["status"] == "ok", s
     assert limits["limits mx publish=batch queue=max-length drop-head"]["rate"] > 0
+    assert limits["limits mx publish=batch queue=dedup-window"]["extra"]["rate_ratio_to_plain"] > 0
     assert (
         limits["limits mx claim backlog=2000 queue=x-max-priority=9"]["extra"]["p50_ratio_to_plain"]
         > 0

@@ -35,6 +35,7 @@ def test_every_argument_parsed() -> None:
             "x-single-active-consumer": True,
             "x-dead-letter-exchange": "dlx",
             "x-dead-letter-routing-key": "",
+            "x-deduplication-window-seconds": 86_400,
         }
     )
     assert parsed == QueueArguments(
@@ -47,8 +48,11 @@ def test_every_argument_parsed() -> None:
         single_active_consumer=True,
         dead_letter_exchange="dlx",
         dead_letter_routing_key="",
+        dedup_window_seconds=86_400,
     )
     assert parsed.limited
+    assert parsed.deduplicated
+    assert not QueueArguments().deduplicated
 
 
 @pytest.mark.parametrize(
@@ -76,6 +80,12 @@ def test_every_argument_parsed() -> None:
         ("x-dead-letter-exchange", ""),
         ("x-dead-letter-exchange", "bad name"),
         ("x-dead-letter-exchange", 5),
+        ("x-deduplication-window-seconds", 0),
+        ("x-deduplication-window-seconds", 86_401),
+        ("x-deduplication-window-seconds", 1.0),
+        ("x-deduplication-window-seconds", "60"),
+        ("x-deduplication-window-seconds", True),
+        ("x-deduplication-window-seconds", None),
     ],
 )
 def test_wrong_type_or_range_names_the_argument(key: str, value: Any) -> None:

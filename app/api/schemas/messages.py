@@ -392,7 +392,12 @@ class PublishResponse(BaseModel):
         )
     )
     duplicates: list[str] = Field(
-        description="Filled by idempotent publish (contract §15); always empty for now"
+        description=(
+            "Queues that matched but did not store a copy because a copy with this "
+            "message_id was published into them within their "
+            "x-deduplication-window-seconds (contract §15), or earlier in the same batch; "
+            "empty when none"
+        )
     )
 
 

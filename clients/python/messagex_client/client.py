@@ -79,7 +79,9 @@ def _authorization(token: str | None, username: str | None, password: str | None
 class PublishResult:
     """The broker's confirm: the message is committed in every queue listed. ``rejected``:
     queues that matched but refused their copy (full, with ``x-overflow`` reject-publish or
-    reject-publish-dlx); ``duplicates`` stays empty until idempotent publish fills it."""
+    reject-publish-dlx); ``duplicates``: queues that matched but stored nothing because they
+    had this ``message_id`` within their ``x-deduplication-window-seconds`` (contract §15) —
+    publish with your own ``message_id`` and a retry after a lost reply is safe."""
 
     routed: bool
     queues: list[str]

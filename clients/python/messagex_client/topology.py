@@ -107,12 +107,14 @@ class Topology(MessageOperations):
         message_groups: bool | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
+        dedup_window_seconds: int | None = None,
         arguments: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``PUT /queues/{name}``: the queue with its stats (created, or identical already).
         The keyword arguments after ``ack_timeout_seconds`` are contract §13's queue
         arguments under their RabbitMQ names (``message_ttl_ms`` → ``x-message-ttl``,
-        ``max_priority`` → ``x-max-priority``, …); ``None`` leaves one out. A wrong one is a
+        ``max_priority`` → ``x-max-priority``, …) and §15's ``dedup_window_seconds`` →
+        ``x-deduplication-window-seconds`` (1-86400); ``None`` leaves one out. A wrong one is a
         BrokerError with code ``validation_error`` naming it; a different re-declaration,
         ``precondition_failed``."""
         args = dict(arguments or {})
@@ -127,6 +129,7 @@ class Topology(MessageOperations):
             ("x-message-groups", message_groups),
             ("x-dead-letter-exchange", dead_letter_exchange),
             ("x-dead-letter-routing-key", dead_letter_routing_key),
+            ("x-deduplication-window-seconds", dedup_window_seconds),
         ):
             if value is not None:
                 args[key] = value
