@@ -22,6 +22,7 @@ from app.api.rest import (
     auth,
     bindings,
     consume,
+    diagnosis,
     exchanges,
     messages,
     ops,
@@ -75,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     # Publishes and pull ACKs are answered before routing (PublishEdge, below); the rest in
     # the order the OpenAPI document lists them.
-    for module in (auth, users, exchanges, queues, bindings, publish, messages, consume):
+    for module in (auth, users, exchanges, queues, bindings, publish, messages, consume, diagnosis):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)

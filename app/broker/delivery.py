@@ -91,7 +91,13 @@ class DeliveryEngine:
             self.process_id,
             poll_interval=self.dispatcher.poll_interval,
         )
-        self.presence = Presence(db, self.registry, self.settlement, self.process_id)
+        self.presence = Presence(
+            db,
+            self.registry,
+            self.settlement,
+            self.process_id,
+            listen_pid=lambda: self.cluster.listener.backend_pid,
+        )
         self.credentials = CredentialChecks(db, self.registry, self.subscriptions.end)
         # Wake-ups may have been lost while the listening connection was down: everyone
         # polls once when it is back.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from app.broker.consumers import ConsumerRegistry
 from app.broker.settlement import Settlement
@@ -25,12 +26,19 @@ HEARTBEAT_SECONDS = HEARTBEAT_INTERVAL.total_seconds()
 
 class Presence:
     def __init__(
-        self, db: Database, registry: ConsumerRegistry, settlement: Settlement, process_id: str
+        self,
+        db: Database,
+        registry: ConsumerRegistry,
+        settlement: Settlement,
+        process_id: str,
+        listen_pid: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.db = db
         self.registry = registry
         self.settlement = settlement
         self.process_id = process_id
+        #: the backend pid of the LISTEN connection, None while it is down (reported)
+        self.listen_pid = listen_pid
 
     async def register(self) -> None:
         async with self.db.transaction() as conn:
@@ -44,8 +52,14 @@ class Presence:
 
     async def beat(self) -> None:
         """Write the heartbeat, then reap the processes whose heartbeat went stale."""
+        settled, self.registry.settled = self.registry.settled, set()
+        in_use, size = self.db.pool_use()
+        report = presence.Report(len(self.registry.outlets), self.listen_pid(), in_use, size)
         async with self.db.transaction() as conn:
-            alive = await presence.heartbeat(conn, self.process_id, len(self.registry.outlets))
+            alive = await presence.heartbeat(conn, self.process_id, report)
+            await presence.record_settled(
+                conn, [(s.outlet.id, s.queue_id, s.last_settled) for s in settled if s.active]
+            )
             if not alive:
                 # We were taken for dead (a long pause): come back, with our subscriptions.
                 await presence.rejoin(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.delivery import DeliveryEngine
+from app.broker.diagnosis import Diagnosis
 from app.broker.inspection import MessageBrowser
 from app.broker.overview import OverviewService
 from app.broker.publisher import Publisher
@@ -39,6 +40,8 @@ class Services:
     subscriptions: Subscriptions
     #: HTTP pull consumers
     pull: PullConsumers
+    #: "why is this queue stuck?" and the database's side (contract §19)
+    diagnosis: Diagnosis
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
 
@@ -102,4 +105,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         delivery=delivery,
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
+        diagnosis=Diagnosis(db, settings.ack_timeout_seconds),
     )

@@ -196,6 +196,8 @@ class WsConnection:
         self.ops = InFlight(MAX_INFLIGHT_OPS)
         self.acks = AckBatcher(partial(self.engine.ack_soon, self), self.ops.track, self.send)
         self.client = ws.client.host if ws.client else None
+        #: "host:port" of the peer, shown by GET /connections (contract §20)
+        self.client_address = f"{ws.client.host}:{ws.client.port}" if ws.client else None
 
     @property
     def state(self) -> State:
