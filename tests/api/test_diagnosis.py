@@ -63,8 +63,11 @@ def test_a_calm_queue_has_no_findings_and_404_for_none(srv: LiveServer, adm: htt
     q = fresh()
     declare_queue(adm, q)
     d = diagnose(adm, q)
-    assert d["queue"] == q and d["head"] is None and d["oldest_in_flight"] is None
-    assert d["consumers"] == [] and d["findings"] == []
+    assert d["queue"] == q
+    assert d["head"] is None
+    assert d["oldest_in_flight"] is None
+    assert d["consumers"] == []
+    assert d["findings"] == []
     assert adm.get(f"/queues/{fresh()}/diagnosis").status_code == 404
 
 
@@ -91,8 +94,11 @@ def test_consumer_stalled_holder_and_last_ack(srv: LiveServer, adm: httpx.Client
         # the ACK reaches the subscriptions table with the next heartbeat (2 s)
         d = wait_for(lambda: (x := diagnose(adm, q))["consumers"][0]["last_ack_at"] and x, 5, 0.1)
         (c,) = d["consumers"]
-        assert c["username"] == "admin" and c["prefetch"] == 2 and c["unacked"] == 2
-        assert c["active"] is True and c["process"] == srv.services.delivery.process_id
+        assert c["username"] == "admin"
+        assert c["prefetch"] == 2
+        assert c["unacked"] == 2
+        assert c["active"] is True
+        assert c["process"] == srv.services.delivery.process_id
         held = d["oldest_in_flight"]
         assert held["holder"] == {
             "connection_id": c["connection_id"],
@@ -100,7 +106,8 @@ def test_consumer_stalled_holder_and_last_ack(srv: LiveServer, adm: httpx.Client
             "process": c["process"],
             "kind": "websocket",
         }
-        assert held["delivery_count"] == 1 and "delivery_tag" not in json.dumps(d)
+        assert held["delivery_count"] == 1
+        assert "delivery_tag" not in json.dumps(d)
         assert d["head"] is None
         # half the ack timeout (2 s) without a settlement
         d = finding(adm, q, "consumer_stalled")
@@ -135,14 +142,19 @@ def test_blocked_group_and_pull_holder(srv: LiveServer, adm: httpx.Client) -> No
         q,
     )
     r = adm.post(f"/queues/{q}/get", json={"max_messages": 1})
-    assert r.status_code == 200 and len(r.json()["messages"]) == 1, r.text
+    assert r.status_code == 200, r.text
+    assert len(r.json()["messages"]) == 1
     d = diagnose(adm, q)
     head = d["head"]
-    assert head["blocked_by"] == "group" and head["blocking_group"] == "g1"
-    assert head["group_id"] == "g1" and head["status"] == "ready"
-    assert "group_blocked" in codes(d) and "'g1'" in message_of(d, "group_blocked")
+    assert head["blocked_by"] == "group"
+    assert head["blocking_group"] == "g1"
+    assert head["group_id"] == "g1"
+    assert head["status"] == "ready"
+    assert "group_blocked" in codes(d)
+    assert "'g1'" in message_of(d, "group_blocked")
     holder = d["oldest_in_flight"]["holder"]
-    assert holder["kind"] == "pull" and holder["username"] == "admin"
+    assert holder["kind"] == "pull"
+    assert holder["username"] == "admin"
     assert holder["connection_id"] is None
 
 
@@ -248,11 +260,14 @@ def database_diagnosis(adm: httpx.Client) -> dict[str, Any]:
 def test_database_side(srv: LiveServer, adm: httpx.Client, snapshot_holder: int) -> None:
     me = srv.services.delivery.process_id
     d = database_diagnosis(adm)
-    assert d["bloat"]["live_tuples"] >= 0 and 0 <= d["notify_queue_usage"] < 0.5
+    assert d["bloat"]["live_tuples"] >= 0
+    assert 0 <= d["notify_queue_usage"] < 0.5
     (proc,) = [p for p in d["processes"] if p["id"] == me]
-    assert proc["listening"] is True and proc["pool_size"] > 0
+    assert proc["listening"] is True
+    assert proc["pool_size"] > 0
     held = [x for x in d["xmin_held"] if x["pid"] == snapshot_holder]
-    assert held and held[0]["application_name"] == "forgotten"
+    assert held
+    assert held[0]["application_name"] == "forgotten"
     assert held[0]["state"] == "idle in transaction"
 
     # a broker process whose heartbeat stopped 8 s ago (reaped only after 15 s)
@@ -265,7 +280,9 @@ def test_database_side(srv: LiveServer, adm: httpx.Client, snapshot_holder: int)
     )
     d = database_diagnosis(adm)
     stale = [f for f in d["findings"] if f["code"] == "process_stale"]
-    assert len(stale) == 1 and ghost in stale[0]["message"] and "4242" in stale[0]["message"]
+    assert len(stale) == 1
+    assert ghost in stale[0]["message"]
+    assert "4242" in stale[0]["message"]
     assert stale[0]["severity"] == "warning"
     assert not any(ghost in f["message"] for f in d["findings"] if f["code"] == "listen_down")
     _sql(srv.database_url, "DELETE FROM broker_processes WHERE id = $1", uuid.UUID(ghost))
@@ -303,5 +320,6 @@ def test_database_side(srv: LiveServer, adm: httpx.Client, snapshot_holder: int)
         )
 
     f = wait_for(xmin_finding, 15, 0.5, "xmin_held")
-    assert f["severity"] == "info" and "forgotten" in f["message"]
+    assert f["severity"] == "info"
+    assert "forgotten" in f["message"]
     assert "pg_terminate_backend" in f["message"]
