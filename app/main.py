@@ -21,6 +21,7 @@ from app.api.observability import HttpMetricsMiddleware
 from app.api.rest import (
     auth,
     bindings,
+    connections,
     consume,
     diagnosis,
     exchanges,
@@ -47,6 +48,7 @@ TAGS = [
     {"name": "messages", "description": "Browse, read and delete stored messages"},
     {"name": "consume", "description": "Pull consumption: get, ack and nack over HTTP"},
     {"name": "operations", "description": "Health, readiness, metrics, overview"},
+    {"name": "connections", "description": "WebSocket connections of every process (admin)"},
 ]
 
 
@@ -76,7 +78,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     # Publishes and pull ACKs are answered before routing (PublishEdge, below); the rest in
     # the order the OpenAPI document lists them.
-    for module in (auth, users, exchanges, queues, bindings, publish, messages, consume, diagnosis):
+    for module in (
+        auth,
+        users,
+        exchanges,
+        queues,
+        bindings,
+        publish,
+        messages,
+        consume,
+        diagnosis,
+        connections,
+    ):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)

@@ -184,6 +184,20 @@ class DeliveryEngine:
         self.credentials.close_sessions({digest})
         self.cluster.tell_session_revoked(digest)
 
+    def close_connection(self, connection_id: str) -> None:
+        """Close a WebSocket connection of any process (contract §20): here at once, else the
+        process holding it closes it when the event reaches it. Its disconnect releases
+        what it held, as any close does."""
+        if not self._close_local(connection_id):
+            self.cluster.tell_close_connection(connection_id)
+
+    def _close_local(self, connection_id: str) -> bool:
+        outlet = self.registry.outlets.get(connection_id)
+        if outlet is None:
+            return False
+        outlet.close(1008, "closed by an administrator")
+        return True
+
     # -- events from other processes -------------------------------------------------------
 
     def _on_event(self, event: ClusterEvent) -> None:
@@ -202,3 +216,5 @@ class DeliveryEngine:
             spawn(self.credentials.recheck_users(sorted(event.users)), name="users-remote")
         if event.sessions:
             self.credentials.close_sessions(event.sessions)
+        for connection_id in event.closed_connections:
+            self._close_local(connection_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
+from app.broker.connections import Connections
 from app.broker.delivery import DeliveryEngine
 from app.broker.diagnosis import Diagnosis
 from app.broker.inspection import MessageBrowser
@@ -42,6 +43,8 @@ class Services:
     pull: PullConsumers
     #: "why is this queue stuck?" and the database's side (contract §19)
     diagnosis: Diagnosis
+    #: every process's WebSocket connections, for operators (contract §20)
+    connections: Connections
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
 
@@ -106,4 +109,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         subscriptions=delivery.subscriptions,
         pull=delivery.pull,
         diagnosis=Diagnosis(db, settings.ack_timeout_seconds),
+        connections=Connections(db, delivery),
     )
