@@ -29,6 +29,12 @@ def listing(rest: httpx.Client, **params: Any) -> dict[str, Any]:
     return body
 
 
+def connection_id(ws: WsClient) -> str:
+    assert ws.connected is not None
+    found: str = connection_id(ws)
+    return found
+
+
 def closed_with(ws: WsClient, timeout: float = 5.0) -> tuple[int, str]:
     """Read until the server closes the socket; its close code and reason."""
     deadline = time.monotonic() + timeout
@@ -38,12 +44,15 @@ def closed_with(ws: WsClient, timeout: float = 5.0) -> tuple[int, str]:
         except TimeoutError:
             continue
         except ConnectionClosed as exc:
-            assert exc.rcvd is not None
-            return exc.rcvd.code, exc.rcvd.reason
-    raise AssertionError(f"not closed within {timeout} s")
+            received = exc.rcvd
+            break
+    else:
+        raise AssertionError(f"not closed within {timeout} s")
+    assert received is not None
+    return received.code, received.reason
 
 
-def test_list_and_close_across_processes(pair: Pair) -> None:
+def test_list_and_close_across_processes(pair: Pair) -> None:  # noqa: F811
     q = fresh("conn")
     declare_queue(pair.rest_a, q)
     for i in range(3):
@@ -56,8 +65,8 @@ def test_list_and_close_across_processes(pair: Pair) -> None:
     ):
         on_a.subscribe(q, 2)
         on_a.deliveries_n(2)
-        id_a = on_a.connected["connection_id"]
-        id_b = on_b.connected["connection_id"]
+        id_a = connection_id(on_a)
+        id_b = connection_id(on_b)
         # listed by either process, in connection_id order
         for rest in (pair.rest_a, pair.rest_b):
             items = {c["connection_id"]: c for c in listing(rest)["items"]}
@@ -94,7 +103,7 @@ def test_list_and_close_across_processes(pair: Pair) -> None:
         assert closed_with(on_b) == (1008, "closed by an administrator")
 
 
-def test_unknown_connection_and_permissions(pair: Pair) -> None:
+def test_unknown_connection_and_permissions(pair: Pair) -> None:  # noqa: F811
     assert (
         pair.rest_a.delete("/connections/00000000-0000-0000-0000-000000000000").status_code == 404
     )
@@ -107,6 +116,6 @@ def test_unknown_connection_and_permissions(pair: Pair) -> None:
         WsClient.as_user(pair.a.ws_url, user, "user-password-1") as ws,
     ):
         assert c.get("/connections").status_code == 403
-        own = ws.connected["connection_id"]
+        own = connection_id(ws)
         assert c.delete(f"/connections/{own}").status_code == 403
         assert ws.request({"type": "PING"})["type"] == "PONG"
