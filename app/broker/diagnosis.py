@@ -71,6 +71,14 @@ class Diagnosis:
         max_length = _int_or_none(args.get("x-max-length"))
         max_bytes = _int_or_none(args.get("x-max-length-bytes"))
         head = await store.head(conn, queue_id)
+        counted, counted_exact = (
+            await store.ready_count(conn, queue_id, max_length)
+            if max_length is not None
+            else (0, True)
+        )
+        size, size_exact = (
+            await store.ready_bytes(conn, queue_id) if max_bytes is not None else (0, True)
+        )
         group_blocked = bool(
             groups
             and head is not None
@@ -92,10 +100,9 @@ class Diagnosis:
             poison=await store.poison(conn, queue_id),
             max_length=max_length,
             max_length_bytes=max_bytes,
-            ready_counted=(
-                await store.ready_count(conn, queue_id, max_length) if max_length is not None else 0
-            ),
-            ready_bytes=await store.ready_bytes(conn, queue_id) if max_bytes is not None else 0,
+            ready_counted=counted,
+            ready_bytes=size,
+            ready_estimated=not (counted_exact and size_exact),
             dead_letter_target=dlq,
             dead_lettered_recently=(
                 await store.dead_letters(conn, dlq_id, source=name, own=name)

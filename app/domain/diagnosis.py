@@ -137,6 +137,8 @@ class QueueFacts:
     dead_lettered_recently: int
     #: copies that arrived recently in this queue by dead-lettering (it is a DLQ)
     dead_letters_received: int
+    #: ready_counted / ready_bytes are estimates (a limit too large to count within budget)
+    ready_estimated: bool = False
 
 
 def blocked_by(f: QueueFacts) -> tuple[BlockedBy | None, str | None]:
@@ -255,21 +257,25 @@ def _message_findings(f: QueueFacts) -> list[Finding]:
                 "that such copies leave by themselves.",
             )
         )
-    full_count = f.max_length is not None and f.ready_counted >= f.max_length
-    full_bytes = f.max_length_bytes is not None and f.ready_bytes >= f.max_length_bytes
+    # an estimate counts as at the limit within 5 % of it (the limit holds exactly)
+    near = 0.95 if f.ready_estimated else 1.0
+    full_count = f.max_length is not None and f.ready_counted >= f.max_length * near
+    full_bytes = f.max_length_bytes is not None and f.ready_bytes >= f.max_length_bytes * near
     if full_count or full_bytes:
         limit = (
             f"x-max-length {f.max_length}"
             if full_count
             else f"x-max-length-bytes {f.max_length_bytes}"
         )
+        about = " (by the planner's estimate of its size)" if f.ready_estimated else ""
         out.append(
             Finding(
                 "length_limit_reached",
                 Severity.WARNING,
-                f"The queue is at its {limit}: each new publish drops the oldest ready copy or "
-                "is rejected, as x-overflow says. Consume faster (more consumers, more "
-                "prefetch) or raise the limit (a new queue: arguments cannot change).",
+                f"The queue is at its {limit}{about}: each new publish drops the oldest "
+                "ready copy or is rejected, as x-overflow says. Consume faster (more "
+                "consumers, more prefetch) or raise the limit (a new queue: arguments cannot "
+                "change).",
             )
         )
     minutes = int(DEAD_LETTER_WINDOW.total_seconds() // 60)

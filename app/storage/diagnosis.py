@@ -18,6 +18,7 @@ with 1,000,000 copies, docs/performance.md):
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,9 +42,11 @@ from app.storage import queries
 #: ready copies in claim order looked at for poison ones
 POISON_SCAN = 1000
 #: most recent arrivals looked at for dead letters
-DEAD_LETTER_SCAN = 10_000
-#: most ready copies whose bytes are added up for x-max-length-bytes
-BYTES_SCAN = 100_000
+DEAD_LETTER_SCAN = 5_000
+#: most ready copies counted for x-max-length (beyond: the planner's estimate)
+COUNT_SCAN = 50_000
+#: most ready copies whose bytes are added up for x-max-length-bytes (beyond: estimated)
+BYTES_SCAN = 10_000
 
 
 _COPY = "id, message_id, created_at, available_at, delivery_count, group_id, expires_at"
@@ -113,10 +116,14 @@ SELECT count(*) FROM (SELECT 1 FROM messages
                         AND available_at <= statement_timestamp() LIMIT :n) AS r
 """)
 READY_BYTES = text(f"""
-SELECT coalesce(sum(length(body)), 0) FROM (
+SELECT coalesce(sum(length(body)), 0), count(*) FROM (
     SELECT body FROM messages
     WHERE queue_id = :queue_id AND status = 'ready' AND available_at <= statement_timestamp()
     LIMIT {BYTES_SCAN}) AS r
+""")
+# The planner's estimate of a queue's ready copies (from the table's statistics: no row read).
+READY_ESTIMATE = text("""
+EXPLAIN (FORMAT JSON) SELECT 1 FROM messages WHERE queue_id = :queue_id AND status = 'ready'
 """)
 
 # Copies that became ready in ``:queue_id`` within the window (dead-lettering sets
@@ -205,12 +212,30 @@ async def poison(conn: AsyncConnection, queue_id: int) -> list[tuple[int, int]]:
     return [(r[0], r[1]) for r in await conn.execute(POISON, params)]
 
 
-async def ready_count(conn: AsyncConnection, queue_id: int, up_to: int) -> int:
-    return int((await conn.execute(READY_COUNT, {"queue_id": queue_id, "n": up_to})).scalar_one())
+async def ready_count(conn: AsyncConnection, queue_id: int, up_to: int) -> tuple[int, bool]:
+    """Ready copies, counted up to ``up_to`` (exact) when that is at most COUNT_SCAN or the
+    queue holds fewer; else the planner's estimate (False: estimated)."""
+    params = {"queue_id": queue_id, "n": min(up_to, COUNT_SCAN)}
+    counted = int((await conn.execute(READY_COUNT, params)).scalar_one())
+    if counted < COUNT_SCAN or up_to <= COUNT_SCAN:
+        return counted, True
+    return max(counted, await _estimate(conn, queue_id)), False
 
 
-async def ready_bytes(conn: AsyncConnection, queue_id: int) -> int:
-    return int((await conn.execute(READY_BYTES, {"queue_id": queue_id})).scalar_one())
+async def ready_bytes(conn: AsyncConnection, queue_id: int) -> tuple[int, bool]:
+    """Body bytes of the ready copies: exact for up to BYTES_SCAN copies, else the first
+    BYTES_SCAN's mean size times the estimated count (False: estimated)."""
+    total, n = (await conn.execute(READY_BYTES, {"queue_id": queue_id})).one()
+    if n < BYTES_SCAN:
+        return int(total), True
+    return max(int(total), int(total / n * await _estimate(conn, queue_id))), False
+
+
+async def _estimate(conn: AsyncConnection, queue_id: int) -> int:
+    plan = (await conn.execute(READY_ESTIMATE, {"queue_id": queue_id})).scalar_one()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 async def dead_letters(

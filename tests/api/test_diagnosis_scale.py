@@ -78,7 +78,7 @@ def explain_all(url: str, queue_id: int) -> dict[str, str]:
         "oldest_in_flight": (store.OLDEST_IN_FLIGHT, {"queue_id": queue_id}),
         "group_in_flight": (store.GROUP_IN_FLIGHT, {"queue_id": queue_id, "group_id": "g1"}),
         "poison": (store.POISON, {"queue_id": queue_id, "min": 3}),
-        "ready_count": (store.READY_COUNT, {"queue_id": queue_id, "n": N}),
+        "ready_count": (store.READY_COUNT, {"queue_id": queue_id, "n": store.COUNT_SCAN}),
         "dead_letters": (
             store.DEAD_LETTERS,
             {"queue_id": queue_id, "source": None, "own": "big", "window": 300.0},
