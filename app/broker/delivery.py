@@ -101,7 +101,7 @@ class DeliveryEngine:
         self.credentials = CredentialChecks(db, self.registry, self.subscriptions.end)
         # Wake-ups may have been lost while the listening connection was down: everyone
         # polls once when it is back.
-        self.cluster = ClusterBus(database_url, self.process_id, self._on_event, self.hub.wake_all)
+        self.cluster = ClusterBus(database_url, self.process_id, self._on_event, self._listening)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -137,6 +137,12 @@ class DeliveryEngine:
             log.warning("could not release on shutdown (%s); ack timeouts will", type(exc).__name__)
         await self.tasks.close()
         await self.cluster.close()
+
+    def _listening(self) -> None:
+        """The LISTEN connection is (back) up: poll once, and tell the others its pid now
+        rather than at the next heartbeat (diagnosis, §19: listen_down)."""
+        self.hub.wake_all()
+        self.tasks.spawn(self.presence.report_listening(), name="report-listening")
 
     # -- events from this process ----------------------------------------------------------
 

