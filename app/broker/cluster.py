@@ -63,17 +63,17 @@ class ClusterEvent:
 def encode(event: ClusterEvent) -> str:
     """The NOTIFY payload of ``event``; one that would not fit asks for everything instead
     (everyone re-polls and reconciles, and the periodic re-checks cover users and sessions)."""
-    body = orjson.dumps(
-        {
-            "p": event.sender,
-            "q": sorted(event.queues),
-            "r": sorted(event.released_owners),
-            "d": sorted(event.deleted_queues),
-            "u": sorted(event.users),
-            "s": sorted(s.hex() for s in event.sessions),
-            "c": sorted(event.closed_connections),
-        }
-    )
+    fields: dict[str, object] = {
+        "p": event.sender,
+        "q": sorted(event.queues),
+        "r": sorted(event.released_owners),
+        "d": sorted(event.deleted_queues),
+        "u": sorted(event.users),
+        "s": sorted(s.hex() for s in event.sessions),
+    }
+    if event.closed_connections:  # only then: the form older processes read stays as it was
+        fields["c"] = sorted(event.closed_connections)
+    body = orjson.dumps(fields)
     if len(body) <= MAX_PAYLOAD and not event.everything:
         return body.decode()
     return orjson.dumps({"p": event.sender, "all": True}).decode()
