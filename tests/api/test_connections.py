@@ -31,7 +31,7 @@ def listing(rest: httpx.Client, **params: Any) -> dict[str, Any]:
 
 def connection_id(ws: WsClient) -> str:
     assert ws.connected is not None
-    found: str = connection_id(ws)
+    found: str = ws.connected["connection_id"]
     return found
 
 
