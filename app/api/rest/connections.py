@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
@@ -19,6 +19,8 @@ router = APIRouter(tags=["connections"])
 
 
 class ConnectionSubscriptionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     queue: str
     prefetch: int
     unacked: int
@@ -41,12 +43,7 @@ class ConnectionOut(BaseModel):
             client_address=c.client_address,
             process=c.process,
             connected_at=c.connected_at,
-            subscriptions=[
-                ConnectionSubscriptionOut(
-                    queue=s.queue, prefetch=s.prefetch, unacked=s.unacked, active=s.active
-                )
-                for s in c.subscriptions
-            ],
+            subscriptions=[ConnectionSubscriptionOut.model_validate(s) for s in c.subscriptions],
         )
 
 

@@ -45,7 +45,7 @@ async def diagnose_queue(name: PathName, services: ServicesDep, user: UserDep) -
         oldest_in_flight=(
             None if found.oldest_in_flight is None else InFlightOut.of(found.oldest_in_flight)
         ),
-        consumers=[ConsumerOut.of(c) for c in found.consumers],
+        consumers=[ConsumerOut.model_validate(c) for c in found.consumers],
         findings=[FindingOut.of(f) for f in found.findings],
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.domain import diagnosis as d
 
@@ -55,6 +55,8 @@ class HeadOut(BaseModel):
 
 
 class HolderOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     connection_id: str | None = Field(description="null for a pull delivery")
     username: str | None
     process: str | None
@@ -71,16 +73,13 @@ class InFlightOut(BaseModel):
 
     @classmethod
     def of(cls, m: d.InFlight) -> InFlightOut:
-        h = m.holder
         return cls(
             id=m.id,
             message_id=m.message_id,
             delivered_at=m.delivered_at,
             expires_at=m.expires_at,
             delivery_count=m.delivery_count,
-            holder=HolderOut(
-                connection_id=h.connection_id, username=h.username, process=h.process, kind=h.kind
-            ),
+            holder=HolderOut.model_validate(m.holder),
         )
 
 
@@ -96,18 +95,8 @@ class ConsumerOut(BaseModel):
         description="Its last ACK, NACK or REJECT on this queue (reported every 2 s)"
     )
 
-    @classmethod
-    def of(cls, c: d.Consumer) -> ConsumerOut:
-        return cls(
-            connection_id=c.connection_id,
-            username=c.username,
-            process=c.process,
-            prefetch=c.prefetch,
-            unacked=c.unacked,
-            active=c.active,
-            since=c.since,
-            last_ack_at=c.last_ack_at,
-        )
+    # read from the domain's Consumer, whose fields it names
+    model_config = ConfigDict(from_attributes=True)
 
 
 class QueueDiagnosisOut(BaseModel):
@@ -120,6 +109,8 @@ class QueueDiagnosisOut(BaseModel):
 
 
 class BloatOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     live_tuples: int
     dead_tuples: int
     last_autovacuum: datetime | None
@@ -190,14 +181,7 @@ class DatabaseDiagnosisOut(BaseModel):
         b = f.bloat
         return cls(
             checked_at=f.now,
-            bloat=None
-            if b is None
-            else BloatOut(
-                live_tuples=b.live_tuples,
-                dead_tuples=b.dead_tuples,
-                last_autovacuum=b.last_autovacuum,
-                last_vacuum=b.last_vacuum,
-            ),
+            bloat=None if b is None else BloatOut.model_validate(b),
             xmin_held=[XminHolderOut.of(x) for x in f.xmin],
             processes=[ProcessOut.of(p, f.now) for p in f.processes],
             notify_queue_usage=f.notify_queue_usage,
