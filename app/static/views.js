@@ -817,6 +817,7 @@ function messageCard(m, queue, ctx, reload) {
     ["Routing key", m.routing_key],
     ["Deliveries", String(m.delivery_count)],
     m.properties && m.properties.priority !== undefined ? ["Priority", String(m.properties.priority)] : null,
+    m.properties && typeof m.properties.group_id === "string" ? ["Group", m.properties.group_id] : null,
     ["Created", formatTime(m.created_at)],
     m.available_at !== m.created_at ? ["Available", formatTime(m.available_at)] : null,
     expiryOf(m, queueArgumentsSeen.get(queue)) ? ["Expires", formatTime(expiryOf(m, queueArgumentsSeen.get(queue)))] : null,
