@@ -16,7 +16,10 @@ them rewrites no table.
 - ``broker_processes.listen_pid``: the backend pid of the process's LISTEN connection (NULL
   while it is down), ``pool_in_use``/``pool_size``: its connection pool's use; all written
   with the heartbeat.
-- ``websocket_connections.client_address``: where the connection came from (§20).
+- ``websocket_connections.client_address``: where the connection came from (§20);
+  ``close_requested_at``: an administrator asked to close it (§20). Its process closes it
+  when the cluster event reaches it, and at the latest with its next heartbeat, whose
+  statement returns the connections to close.
 """
 
 from collections.abc import Sequence
@@ -38,9 +41,13 @@ def upgrade() -> None:
     op.add_column("broker_processes", sa.Column("pool_in_use", sa.Integer()))
     op.add_column("broker_processes", sa.Column("pool_size", sa.Integer()))
     op.add_column("websocket_connections", sa.Column("client_address", sa.Text()))
+    op.add_column(
+        "websocket_connections", sa.Column("close_requested_at", sa.DateTime(timezone=True))
+    )
 
 
 def downgrade() -> None:
+    op.drop_column("websocket_connections", "close_requested_at")
     op.drop_column("websocket_connections", "client_address")
     op.drop_column("broker_processes", "pool_size")
     op.drop_column("broker_processes", "pool_in_use")

@@ -37,7 +37,7 @@ class Connections:
         process = None
         if _is_uuid(connection_id):
             async with self.db.connect() as conn:
-                process = await store.process_of(conn, connection_id)
+                process = await store.request_close(conn, connection_id)
         if process is None:
             raise NotFound(f"connection '{connection_id}' not found")
         self.delivery.close_connection(str(uuid.UUID(connection_id)))

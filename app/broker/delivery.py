@@ -25,7 +25,7 @@ from app.broker.consumers import ConsumerRegistry
 from app.broker.credentials import LIVENESS_SECONDS, CredentialChecks
 from app.broker.credit import RECONCILE_SECONDS, Credit
 from app.broker.dispatcher import Dispatcher
-from app.broker.presence import HEARTBEAT_SECONDS, Presence
+from app.broker.presence import CLOSED_BY_ADMIN, HEARTBEAT_SECONDS, Presence
 from app.broker.pull import PullConsumers
 from app.broker.settlement import Settled, Settlement
 from app.broker.single_active import CHECK_SECONDS, SingleActive
@@ -201,7 +201,7 @@ class DeliveryEngine:
         outlet = self.registry.outlets.get(connection_id)
         if outlet is None:
             return False
-        outlet.close(1008, "closed by an administrator")
+        outlet.close(1008, CLOSED_BY_ADMIN)
         return True
 
     # -- events from other processes -------------------------------------------------------

@@ -22,6 +22,8 @@ from app.storage.database import Database
 log = logging.getLogger("messagex.delivery")
 
 HEARTBEAT_SECONDS = HEARTBEAT_INTERVAL.total_seconds()
+#: the close reason of a connection an administrator closed (contract §20)
+CLOSED_BY_ADMIN = "closed by an administrator"
 
 
 class Presence:
@@ -56,7 +58,8 @@ class Presence:
         in_use, size = self.db.pool_use()
         report = presence.Report(len(self.registry.outlets), self.listen_pid(), in_use, size)
         async with self.db.transaction() as conn:
-            alive = await presence.heartbeat(conn, self.process_id, report)
+            to_close = await presence.heartbeat(conn, self.process_id, report)
+            alive = to_close is not None
             await presence.record_settled(
                 conn, [(s.outlet.id, s.queue_id, s.last_settled) for s in settled if s.active]
             )
@@ -71,6 +74,10 @@ class Presence:
                     [(o.id, o.user.username) for o in self.registry.outlets.values()],
                 )
             dead = await presence.reap_dead_processes(conn, self.process_id)
+        for connection_id in to_close or ():
+            outlet = self.registry.outlets.get(connection_id)
+            if outlet is not None:
+                outlet.close(1008, CLOSED_BY_ADMIN)
         if dead:
             log.warning("released the work of %d dead broker process(es)", len(dead))
             await self.settlement.release_processes(dead)

@@ -63,10 +63,13 @@ ORDER BY c.connection_id
 LIMIT :limit
 """)
 
-FIND = text(f"""
-SELECT c.process_id::text FROM websocket_connections AS c
-JOIN broker_processes AS p ON p.id = c.process_id AND {_LIVE}
-WHERE c.connection_id = CAST(:id AS uuid)
+# Mark a live process's connection for closing: its heartbeat closes it if the cluster event
+# does not (contract §20: within 5 s).
+REQUEST_CLOSE = text(f"""
+UPDATE websocket_connections AS c SET close_requested_at = now()
+FROM broker_processes AS p
+WHERE c.connection_id = CAST(:id AS uuid) AND p.id = c.process_id AND {_LIVE}
+RETURNING c.process_id::text
 """)
 
 
@@ -96,8 +99,8 @@ async def list_connections(
     return [_row(r) for r in await conn.execute(LIST, params)]
 
 
-async def process_of(conn: AsyncConnection, connection_id: str) -> str | None:
-    """The live process holding ``connection_id``, None when no live process does."""
+async def request_close(conn: AsyncConnection, connection_id: str) -> str | None:
+    """Mark ``connection_id`` for closing; the live process holding it, None when none does."""
     params = {"id": connection_id, "stale": PROCESS_STALE_AFTER.total_seconds()}
-    row = (await conn.execute(FIND, params)).first()
+    row = (await conn.execute(REQUEST_CLOSE, params)).first()
     return None if row is None else str(row[0])

@@ -26,10 +26,14 @@ REGISTER_PROCESS = text("""
 INSERT INTO broker_processes (id, hostname, pid) VALUES (:id, :hostname, :pid)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """)
+# Returns the connections of this process that an administrator asked to close (§20; the
+# cluster event usually closed them already).
 HEARTBEAT = text("""
 UPDATE broker_processes SET heartbeat_at = now(), connections = :connections,
     listen_pid = :listen_pid, pool_in_use = :pool_in_use, pool_size = :pool_size
 WHERE id = :id
+RETURNING ARRAY(SELECT connection_id::text FROM websocket_connections
+                WHERE process_id = :id AND close_requested_at IS NOT NULL)
 """)
 REPORT_LISTEN_PID = text("UPDATE broker_processes SET listen_pid = :listen_pid WHERE id = :id")
 # The last settlement of the subscriptions that settled since the previous heartbeat (unix
@@ -141,9 +145,10 @@ class Report:
     pool_size: int
 
 
-async def heartbeat(conn: AsyncConnection, id: str, report: Report) -> bool:
-    """Write this process's heartbeat; False when its row is gone (it was taken for dead)."""
-    result = await conn.execute(
+async def heartbeat(conn: AsyncConnection, id: str, report: Report) -> list[str] | None:
+    """Write this process's heartbeat; None when its row is gone (it was taken for dead),
+    else the connections of this process to close (asked by an administrator)."""
+    row = await conn.execute(
         HEARTBEAT,
         {
             "id": id,
@@ -153,7 +158,8 @@ async def heartbeat(conn: AsyncConnection, id: str, report: Report) -> bool:
             "pool_size": report.pool_size,
         },
     )
-    return bool(result.rowcount)
+    found = row.first()
+    return None if found is None else list(found[0])
 
 
 async def report_listen_pid(conn: AsyncConnection, id: str, listen_pid: int | None) -> None:

@@ -359,6 +359,8 @@ websocket_connections = Table(
     _ts("created_at"),
     # Where it came from (contract §20; migration 0015).
     Column("client_address", Text, nullable=True),
+    # An administrator asked to close it (§20): its process's heartbeat closes it.
+    _ts("close_requested_at", nullable=True, default=False),
 )
 Index(None, websocket_connections.c.username)
 Index(None, websocket_connections.c.process_id)

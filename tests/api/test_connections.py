@@ -7,6 +7,7 @@ and its deliveries return to the queue.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.api.test_multiprocess import (  # one pair of processes per module
     Pair,
+    _sql,
     database,  # noqa: F401 - fixture
     fresh,
     pair,  # noqa: F401 - fixture
@@ -119,3 +121,18 @@ def test_unknown_connection_and_permissions(pair: Pair) -> None:  # noqa: F811
         own = connection_id(ws)
         assert c.delete(f"/connections/{own}").status_code == 403
         assert ws.request({"type": "PING"})["type"] == "PONG"
+
+
+def test_a_close_whose_event_was_lost_is_done_by_the_heartbeat(pair: Pair) -> None:  # noqa: F811
+    """The close request is also recorded in the connection's row: the holding process's
+    next heartbeat closes it if the NOTIFY never reached it."""
+    with WsClient.admin(pair.a.ws_url) as ws:
+        cid = connection_id(ws)
+        started = time.monotonic()
+        _sql(
+            pair.a.database_url,
+            "UPDATE websocket_connections SET close_requested_at = now() WHERE connection_id = $1",
+            uuid.UUID(cid),
+        )
+        assert closed_with(ws) == (1008, "closed by an administrator")
+        print(f"closed {1000 * (time.monotonic() - started):.0f} ms after the request")
