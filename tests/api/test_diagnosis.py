@@ -168,6 +168,17 @@ def test_blocked_by_delay_and_credit(srv: LiveServer, adm: httpx.Client) -> None
     assert diagnose(adm, q)["head"]["blocked_by"] == "no_subscriber_with_credit"
 
 
+def test_single_active_consumers_active_and_waiting(srv: LiveServer, adm: httpx.Client) -> None:
+    q = fresh()
+    declare_queue(adm, q, arguments={"x-single-active-consumer": True})
+    with WsClient.admin(srv.ws_url) as first, WsClient.admin(srv.ws_url) as second:
+        assert first.subscribe(q, 1)["active"] is True
+        assert second.subscribe(q, 1)["active"] is False
+        consumers = diagnose(adm, q)["consumers"]
+        assert [c["active"] for c in consumers] == [True, False]
+        assert consumers[0]["since"] <= consumers[1]["since"]
+
+
 def test_length_limit_reached(srv: LiveServer, adm: httpx.Client) -> None:
     q = fresh()
     declare_queue(adm, q, arguments={"x-max-length": 3})
