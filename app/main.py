@@ -21,7 +21,9 @@ from app.api.observability import HttpMetricsMiddleware
 from app.api.rest import (
     auth,
     bindings,
+    connections,
     consume,
+    diagnosis,
     exchanges,
     message_ops,
     messages,
@@ -47,6 +49,7 @@ TAGS = [
     {"name": "messages", "description": "Browse, read and delete stored messages"},
     {"name": "consume", "description": "Pull consumption: get, ack and nack over HTTP"},
     {"name": "operations", "description": "Health, readiness, metrics, overview"},
+    {"name": "connections", "description": "WebSocket connections of every process (admin)"},
 ]
 
 
@@ -86,6 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         messages,
         message_ops,
         consume,
+        diagnosis,
+        connections,
     ):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)

@@ -38,6 +38,8 @@ class ClusterEvent:
     sessions: set[bytes] = field(default_factory=set)
     #: the event was too big for one NOTIFY: wake every queue and reconcile all credit
     everything: bool = False
+    #: WebSocket connections an administrator closed (contract §20): whoever holds one closes it
+    closed_connections: set[str] = field(default_factory=set)
 
     def empty(self) -> bool:
         return not (
@@ -47,28 +49,31 @@ class ClusterEvent:
             or self.users
             or self.sessions
             or self.everything
+            or self.closed_connections
         )
 
 
 # The wire form is one JSON object with one-letter keys (a NOTIFY payload is capped just under
 # 8000 bytes, and short keys leave the room to names): "p" sender, "q" queues, "r" released
-# owners, "d" deleted queues, "u" users, "s" session digests in hex, "all" everything. Only
+# owners, "d" deleted queues, "u" users, "s" session digests in hex, "c" connections to
+# close, "all" everything. Only
 # ``encode`` and ``decode`` know it.
 
 
 def encode(event: ClusterEvent) -> str:
     """The NOTIFY payload of ``event``; one that would not fit asks for everything instead
     (everyone re-polls and reconciles, and the periodic re-checks cover users and sessions)."""
-    body = orjson.dumps(
-        {
-            "p": event.sender,
-            "q": sorted(event.queues),
-            "r": sorted(event.released_owners),
-            "d": sorted(event.deleted_queues),
-            "u": sorted(event.users),
-            "s": sorted(s.hex() for s in event.sessions),
-        }
-    )
+    fields: dict[str, object] = {
+        "p": event.sender,
+        "q": sorted(event.queues),
+        "r": sorted(event.released_owners),
+        "d": sorted(event.deleted_queues),
+        "u": sorted(event.users),
+        "s": sorted(s.hex() for s in event.sessions),
+    }
+    if event.closed_connections:  # only then: the form older processes read stays as it was
+        fields["c"] = sorted(event.closed_connections)
+    body = orjson.dumps(fields)
     if len(body) <= MAX_PAYLOAD and not event.everything:
         return body.decode()
     return orjson.dumps({"p": event.sender, "all": True}).decode()
@@ -95,6 +100,7 @@ def decode(payload: str) -> ClusterEvent | None:
             set(map(str, get("u", ()))),
             set(map(bytes.fromhex, get("s", ()))),
             bool(get("all")),
+            set(map(str, get("c", ()))),
         )
     except (orjson.JSONDecodeError, TypeError, ValueError):
         return None
@@ -139,6 +145,10 @@ class ClusterBus:
 
     def tell_user_changed(self, username: str) -> None:
         self._outgoing.users.add(username)
+        self._ready.set()
+
+    def tell_close_connection(self, connection_id: str) -> None:
+        self._outgoing.closed_connections.add(connection_id)
         self._ready.set()
 
     def tell_session_revoked(self, digest: bytes) -> None:

@@ -51,6 +51,8 @@ class Subscription:
     groups: bool = False
     #: a single-active subscription that is not (yet) the active one: no credit meanwhile
     waiting: bool = False
+    #: unix time of its last settlement; the heartbeat writes it (``ConsumerRegistry.settled``)
+    last_settled: float = 0.0
 
     @property
     def credit(self) -> int:
@@ -78,6 +80,9 @@ class ConsumerRegistry:
         #: connections whose credentials no periodic re-check has looked at yet
         #: (broker/credentials.py takes them)
         self.unchecked: set[str] = set()
+        #: subscriptions that settled since the last heartbeat, which writes their
+        #: ``last_settled`` (diagnosis, contract §19) and empties this
+        self.settled: set[Subscription] = set()
 
     def add_outlet(self, outlet: Outlet, token_digest: bytes | None = None) -> None:
         self.outlets[outlet.id] = outlet

@@ -10,6 +10,7 @@ event names the connection).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 from app.broker.consumers import ConsumerRegistry, Outlet, Subscription
@@ -84,10 +85,14 @@ class Credit:
         """Take ``tags`` off their subscriptions' unsettled sets now; returns who held which."""
         held: list[tuple[str, Subscription]] = []
         woken: set[int] = set()
+        now = time.time()
+        settled = self.registry.settled
         for tag in tags:
             sub = self.registry.find_by_tag(connection_id, tag)
             if sub is not None:
                 sub.unsettled.discard(tag)
+                sub.last_settled = now
+                settled.add(sub)
                 held.append((tag, sub))
                 woken.add(sub.queue_id)
         if woken:
@@ -106,6 +111,8 @@ class Credit:
         sub = self.registry.get(connection_id, queue_id)
         if sub is not None and tag in sub.unsettled:
             sub.unsettled.discard(tag)
+            sub.last_settled = time.time()
+            self.registry.settled.add(sub)
             self.hub.credit([queue_id])
         elif sub is None:
             self.settled_unsubscribed(queue_id)

@@ -26,7 +26,7 @@ from app.broker.consumers import ConsumerRegistry
 from app.broker.credentials import LIVENESS_SECONDS, CredentialChecks
 from app.broker.credit import RECONCILE_SECONDS, Credit
 from app.broker.dispatcher import Dispatcher
-from app.broker.presence import HEARTBEAT_SECONDS, Presence
+from app.broker.presence import CLOSED_BY_ADMIN, HEARTBEAT_SECONDS, Presence
 from app.broker.pull import PullConsumers
 from app.broker.settlement import Settled, Settlement
 from app.broker.single_active import CHECK_SECONDS, SingleActive
@@ -96,11 +96,17 @@ class DeliveryEngine:
             self.process_id,
             poll_interval=self.dispatcher.poll_interval,
         )
-        self.presence = Presence(db, self.registry, self.settlement, self.process_id)
+        self.presence = Presence(
+            db,
+            self.registry,
+            self.settlement,
+            self.process_id,
+            listen_pid=lambda: self.cluster.listener.backend_pid,
+        )
         self.credentials = CredentialChecks(db, self.registry, self.subscriptions.end)
         # Wake-ups may have been lost while the listening connection was down: everyone
         # polls once when it is back.
-        self.cluster = ClusterBus(database_url, self.process_id, self._on_event, self.hub.wake_all)
+        self.cluster = ClusterBus(database_url, self.process_id, self._on_event, self._listening)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -140,6 +146,12 @@ class DeliveryEngine:
             log.warning("could not release on shutdown (%s); ack timeouts will", type(exc).__name__)
         await self.tasks.close()
         await self.cluster.close()
+
+    def _listening(self) -> None:
+        """The LISTEN connection is (back) up: poll once, and tell the others its pid now
+        rather than at the next heartbeat (diagnosis, §19: listen_down)."""
+        self.hub.wake_all()
+        self.tasks.spawn(self.presence.report_listening(), name="report-listening")
 
     # -- events from this process ----------------------------------------------------------
 
@@ -211,6 +223,20 @@ class DeliveryEngine:
         self.credentials.close_sessions({digest})
         self.cluster.tell_session_revoked(digest)
 
+    def close_connection(self, connection_id: str) -> None:
+        """Close a WebSocket connection of any process (contract §20): here at once, else the
+        process holding it closes it when the event reaches it. Its disconnect releases
+        what it held, as any close does."""
+        if not self._close_local(connection_id):
+            self.cluster.tell_close_connection(connection_id)
+
+    def _close_local(self, connection_id: str) -> bool:
+        outlet = self.registry.outlets.get(connection_id)
+        if outlet is None:
+            return False
+        outlet.close(1008, CLOSED_BY_ADMIN)
+        return True
+
     # -- events from other processes -------------------------------------------------------
 
     def _on_event(self, event: ClusterEvent) -> None:
@@ -229,3 +255,5 @@ class DeliveryEngine:
             spawn(self.credentials.recheck_users(sorted(event.users)), name="users-remote")
         if event.sessions:
             self.credentials.close_sessions(event.sessions)
+        for connection_id in event.closed_connections:
+            self._close_local(connection_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from app.broker.consumers import ConsumerRegistry
 from app.broker.settlement import Settlement
@@ -21,16 +22,25 @@ from app.storage.database import Database
 log = logging.getLogger("messagex.delivery")
 
 HEARTBEAT_SECONDS = HEARTBEAT_INTERVAL.total_seconds()
+#: the close reason of a connection an administrator closed (contract §20)
+CLOSED_BY_ADMIN = "closed by an administrator"
 
 
 class Presence:
     def __init__(
-        self, db: Database, registry: ConsumerRegistry, settlement: Settlement, process_id: str
+        self,
+        db: Database,
+        registry: ConsumerRegistry,
+        settlement: Settlement,
+        process_id: str,
+        listen_pid: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.db = db
         self.registry = registry
         self.settlement = settlement
         self.process_id = process_id
+        #: the backend pid of the LISTEN connection, None while it is down (reported)
+        self.listen_pid = listen_pid
 
     async def register(self) -> None:
         async with self.db.transaction() as conn:
@@ -44,8 +54,15 @@ class Presence:
 
     async def beat(self) -> None:
         """Write the heartbeat, then reap the processes whose heartbeat went stale."""
+        settled, self.registry.settled = self.registry.settled, set()
+        in_use, size = self.db.pool_use()
+        report = presence.Report(len(self.registry.outlets), self.listen_pid(), in_use, size)
         async with self.db.transaction() as conn:
-            alive = await presence.heartbeat(conn, self.process_id, len(self.registry.outlets))
+            to_close = await presence.heartbeat(conn, self.process_id, report)
+            alive = to_close is not None
+            await presence.record_settled(
+                conn, [(s.outlet.id, s.queue_id, s.last_settled) for s in settled if s.active]
+            )
             if not alive:
                 # We were taken for dead (a long pause): come back, with our subscriptions.
                 await presence.rejoin(
@@ -57,9 +74,21 @@ class Presence:
                     [(o.id, o.user.username) for o in self.registry.outlets.values()],
                 )
             dead = await presence.reap_dead_processes(conn, self.process_id)
+        for connection_id in to_close or ():
+            outlet = self.registry.outlets.get(connection_id)
+            if outlet is not None:
+                outlet.close(1008, CLOSED_BY_ADMIN)
         if dead:
             log.warning("released the work of %d dead broker process(es)", len(dead))
             await self.settlement.release_processes(dead)
+
+    async def report_listening(self) -> None:
+        """Write the LISTEN connection's pid now (it is also written with every heartbeat)."""
+        try:
+            async with self.db.transaction() as conn:
+                await presence.report_listen_pid(conn, self.process_id, self.listen_pid())
+        except Exception as exc:  # the next heartbeat writes it
+            log.warning("could not report the LISTEN connection (%s)", type(exc).__name__)
 
     def _subscriptions(self) -> list[tuple[str, int, int]]:
         return [

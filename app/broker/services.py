@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
+from app.broker.connections import Connections
 from app.broker.delivery import DeliveryEngine
+from app.broker.diagnosis import Diagnosis
 from app.broker.inspection import MessageBrowser
 from app.broker.message_ops import MessageOps
 from app.broker.overview import OverviewService
@@ -48,6 +50,10 @@ class Services:
     pull: PullConsumers
     #: query, move and delete copies by filter (contract §17)
     message_ops: MessageOps
+    #: "why is this queue stuck?" and the database's side (contract §19)
+    diagnosis: Diagnosis
+    #: every process's WebSocket connections, for operators (contract §20)
+    connections: Connections
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
     #: OpenTelemetry spans (MESSAGEX_TRACING), or None: the hot paths test only this
@@ -131,4 +137,6 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         pull=delivery.pull,
         tracing=tracing,
         message_ops=MessageOps(db, metrics, delivery.settlement.limits, delivery.on_published),
+        diagnosis=Diagnosis(db, settings.ack_timeout_seconds),
+        connections=Connections(db, delivery),
     )

@@ -63,7 +63,9 @@ class Subscriptions:
 
     # -- connections ------------------------------------------------------------------------
 
-    async def admit(self, connection_id: str, username: str) -> None:
+    async def admit(
+        self, connection_id: str, username: str, client_address: str | None = None
+    ) -> None:
         """Count an authenticated connection against its user's limit on all processes
         (contract §8); LimitExceeded when the user has them all. ``disconnect`` forgets it."""
         limit = self.settings.max_connections_per_user
@@ -74,6 +76,7 @@ class Subscriptions:
                 process_id=self.process_id,
                 username=username,
                 limit=limit,
+                client_address=client_address,
             )
         if not admitted:
             raise LimitExceeded(

@@ -6,6 +6,7 @@ import { h, fill, route, field } from "./dom.js";
 import { Client } from "./messagex.js";
 import * as views from "./views.js";
 import { consumeView, resetConsumer } from "./consume.js";
+import { connectionsView, healthView } from "./diagnosis.js";
 
 const REFRESH_MS = 2000;
 
@@ -150,6 +151,8 @@ const PAGES = [
   ["publish", "Publish"],
   ["consume", "Consume"],
   ["users", "Users", "admin"],
+  ["connections", "Connections", "admin"],
+  ["health", "Health", "admin"],
 ];
 
 function renderNav() {
@@ -206,6 +209,8 @@ const ROUTES = {
   publish: (main, p) => views.publishView(main, p, ctx),
   consume: (main, p) => consumeView(main, p, ctx),
   users: (main, p) => views.usersView(main, p, ctx),
+  connections: (main, p) => connectionsView(main, p, ctx),
+  health: (main, p) => healthView(main, p, ctx),
 };
 
 function dispose() {

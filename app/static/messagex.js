@@ -365,6 +365,28 @@ export class Client extends EventTarget {
   deleteMessages(queue, filter = {}, { limit = 1000, dryRun = false } = {}) {
     const body = { filter, limit, dry_run: dryRun };
     return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/delete`, body);
+  // -- diagnosis (contract §19) and connections (§20) ----------------------------------
+
+  /** Why is this queue stuck? {queue, checked_at, head, oldest_in_flight, consumers, findings}. */
+  diagnoseQueue(name) {
+    return this._rest("GET", `/queues/${encodeURIComponent(name)}/diagnosis`);
+  }
+
+  /** The database's side (admin): bloat, xmin holders, broker processes, findings. */
+  diagnoseDatabase() {
+    return this._rest("GET", "/diagnosis");
+  }
+
+  /** Every WebSocket connection on every broker process (admin), by connection id: one page. */
+  async connections({ limit = 100, after } = {}) {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (after !== undefined && after !== null) query.set("after", after);
+    return this._rest("GET", `/connections?${query}`);
+  }
+
+  /** Close a WebSocket connection wherever it is (admin): 1008 within 5 s. */
+  closeConnection(connectionId) {
+    return this._rest("DELETE", `/connections/${encodeURIComponent(connectionId)}`);
   }
 
   async _rest(method, path, body) {

@@ -9,6 +9,7 @@ import {
   h, fill, append, route, link, json, field, checkbox, dl, table, formatTime, parseJsonField,
   nextId,
 } from "./dom.js";
+import { diagnosisPanel } from "./diagnosis.js";
 
 const STATUSES = ["ready", "delayed", "in_flight", "dead"];
 const STATUS_LABELS = { ready: "Ready", delayed: "Delayed", in_flight: "In flight", dead: "Dead" };
@@ -708,10 +709,12 @@ export function queueView(main, params, ctx) {
   const actions = h("div", { class: "actions" });
   const bindings = h("div");
   const browse = browser(name, ctx, () => refresh());
+  const diagnosis = diagnosisPanel(name, ctx);
   fill(
     main,
     heading(`Queue ${name}`),
     h("p", null, link("All queues", "queues")),
+    section("Diagnosis", diagnosis.el),
     section("Statistics", stats),
     section("Settings", settings),
     section("Actions", actions),
@@ -758,6 +761,7 @@ export function queueView(main, params, ctx) {
   let gone = false; // 404/403/422: stop polling, the error is shown once
   async function refresh() {
     if (gone) return;
+    diagnosis.refresh();
     try {
       const q = await api("GET", `/queues/${seg(name)}`);
       fill(stats, statList([

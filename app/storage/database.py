@@ -90,6 +90,14 @@ class Database:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
 
+    def pool_use(self) -> tuple[int, int]:
+        """(connections in use, most it may open) of the fuller of this process's pools: the
+        engine's (look-ups, transactions) and the hot path's (publish, claim, ack)."""
+        pool: Any = self.engine.pool
+        overflow = max(0, getattr(pool, "_max_overflow", 0))  # QueuePool's; -1: unbounded
+        engine = (pool.checkedout(), pool.size() + overflow)
+        return max(engine, self.hot.use(), key=lambda u: u[0] / u[1] if u[1] else 0.0)
+
     async def dispose(self) -> None:
         await self.hot.close()
         await self.engine.dispose()

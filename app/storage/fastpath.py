@@ -186,6 +186,13 @@ class HotPath:
         async with self.connection() as conn:
             return await conn.fetchval(stmt.sql, *stmt.args(params))
 
+    def use(self) -> tuple[int, int]:
+        """(connections in use, most it may open) of the hot path's main pool."""
+        pool = self._pools.get(False)
+        if pool is None:
+            return 0, self.size
+        return pool.get_size() - pool.get_idle_size(), pool.get_max_size()
+
     async def close(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:

@@ -40,6 +40,8 @@ class Listener:
         self.keepalive_seconds = keepalive_seconds
         self.connect_timeout = connect_timeout
         self._conn: Any = None
+        #: the server pid of the LISTEN connection while it is up (diagnosis, §19)
+        self.backend_pid: int | None = None
         self._lock = asyncio.Lock()
         self.connected = asyncio.Event()
         #: Set when the connection is known to be broken (the server closed it, or a NOTIFY on
@@ -87,6 +89,7 @@ class Listener:
         conn.add_termination_listener(lambda _conn: self._lost.set())
         self._lost.clear()
         self._conn = conn
+        self.backend_pid = conn.get_server_pid()
         self.connected.set()
         # After a (re)connect, wake-ups sent meanwhile are lost: let the owner poll once.
         self.on_connected()
@@ -104,6 +107,7 @@ class Listener:
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
+        self.backend_pid = None
         if conn is not None:
             with contextlib.suppress(Exception):  # already broken: nothing to do
                 conn.terminate()

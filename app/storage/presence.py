@@ -7,6 +7,7 @@ count with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, text
@@ -25,15 +26,38 @@ REGISTER_PROCESS = text("""
 INSERT INTO broker_processes (id, hostname, pid) VALUES (:id, :hostname, :pid)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """)
+# Returns the connections of this process that an administrator asked to close (§20; the
+# cluster event usually closed them already).
 HEARTBEAT = text("""
-UPDATE broker_processes SET heartbeat_at = now(), connections = :connections WHERE id = :id
+UPDATE broker_processes SET heartbeat_at = now(), connections = :connections,
+    listen_pid = :listen_pid, pool_in_use = :pool_in_use, pool_size = :pool_size
+WHERE id = :id
+RETURNING ARRAY(SELECT connection_id::text FROM websocket_connections
+                WHERE process_id = :id AND close_requested_at IS NOT NULL)
+""")
+REPORT_LISTEN_PID = text("UPDATE broker_processes SET listen_pid = :listen_pid WHERE id = :id")
+# The last settlement of the subscriptions that settled since the previous heartbeat (unix
+# seconds): written here, once per heartbeat, never on the ACK path (diagnosis, §19).
+RECORD_SETTLED = text("""
+UPDATE subscriptions AS s SET last_ack_at = to_timestamp(u.at)
+FROM unnest(CAST(:connections AS uuid[]), CAST(:queues AS bigint[]), CAST(:ats AS float8[]))
+     AS u(connection_id, queue_id, at)
+WHERE s.connection_id = u.connection_id AND s.queue_id = u.queue_id
 """)
 # A process whose heartbeat is older than :stale seconds is dead; its subscriptions go with
 # it (ON DELETE CASCADE) and the caller releases what it held.
+# The queues they were subscribed to note when their subscriptions ended (the CTE reads the
+# subscription rows before the cascade deletes them).
 REAP = text("""
-DELETE FROM broker_processes
-WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
-RETURNING id::text
+WITH dead AS (
+    DELETE FROM broker_processes
+    WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
+    RETURNING id
+), ended AS (
+    UPDATE queues SET unsubscribed_at = now()
+    WHERE id IN (SELECT queue_id FROM subscriptions WHERE process_id IN (SELECT id FROM dead))
+)
+SELECT id::text FROM dead
 """)
 UNREGISTER_PROCESS = text("DELETE FROM broker_processes WHERE id = :id")
 # created_at is the clock when the row is written (not the transaction's start): under the
@@ -46,9 +70,11 @@ ON CONFLICT DO NOTHING
 """)
 # A queue with x-expires whose subscription ends starts its idle time again (contract §13);
 # the rows of other queues (idle_expires_at NULL) are not written.
-_TOUCH_ENDED = """UPDATE queues SET idle_expires_at =
-        now() + CAST(queues.arguments ->> 'x-expires' AS bigint) * interval '1 millisecond'
-    FROM gone WHERE queues.id = gone.queue_id AND queues.idle_expires_at IS NOT NULL"""
+# Every queue notes when a subscription of it ended (unsubscribed_at, diagnosis §19).
+_TOUCH_ENDED = """UPDATE queues SET unsubscribed_at = now(), idle_expires_at =
+        CASE WHEN queues.idle_expires_at IS NOT NULL THEN now()
+             + CAST(queues.arguments ->> 'x-expires' AS bigint) * interval '1 millisecond' END
+    FROM gone WHERE queues.id = gone.queue_id"""
 REMOVE_SUBSCRIPTION = text(f"""
 WITH gone AS (
     DELETE FROM subscriptions WHERE connection_id = :connection_id AND queue_id = :queue_id
@@ -70,8 +96,8 @@ LOCK_USER_CONNECTIONS = text(
     "SELECT pg_advisory_xact_lock(hashtextextended('messagex.ws:' || :username, 0))"
 )
 ADMIT_CONNECTION = text("""
-INSERT INTO websocket_connections (connection_id, process_id, username)
-SELECT :connection_id, :process_id, :username
+INSERT INTO websocket_connections (connection_id, process_id, username, client_address)
+SELECT :connection_id, :process_id, :username, :client_address
 WHERE (SELECT count(*) FROM websocket_connections WHERE username = :username) < :limit
 ON CONFLICT DO NOTHING
 """)
@@ -108,10 +134,49 @@ async def rejoin(
         )
 
 
-async def heartbeat(conn: AsyncConnection, id: str, connections: int) -> bool:
-    """Write this process's heartbeat; False when its row is gone (it was taken for dead)."""
-    result = await conn.execute(HEARTBEAT, {"id": id, "connections": connections})
-    return bool(result.rowcount)
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a process tells the others with its heartbeat (diagnosis, contract §19)."""
+
+    connections: int
+    #: backend pid of its LISTEN connection, None while that is down
+    listen_pid: int | None
+    pool_in_use: int
+    pool_size: int
+
+
+async def heartbeat(conn: AsyncConnection, id: str, report: Report) -> list[str] | None:
+    """Write this process's heartbeat; None when its row is gone (it was taken for dead),
+    else the connections of this process to close (asked by an administrator)."""
+    row = await conn.execute(
+        HEARTBEAT,
+        {
+            "id": id,
+            "connections": report.connections,
+            "listen_pid": report.listen_pid,
+            "pool_in_use": report.pool_in_use,
+            "pool_size": report.pool_size,
+        },
+    )
+    found = row.first()
+    return None if found is None else list(found[0])
+
+
+async def report_listen_pid(conn: AsyncConnection, id: str, listen_pid: int | None) -> None:
+    await conn.execute(REPORT_LISTEN_PID, {"id": id, "listen_pid": listen_pid})
+
+
+async def record_settled(conn: AsyncConnection, settled: Sequence[tuple[str, int, float]]) -> None:
+    """Note the last settlement (unix seconds) of these (connection id, queue id) subscriptions."""
+    if settled:
+        await conn.execute(
+            RECORD_SETTLED,
+            {
+                "connections": [c for c, _, _ in settled],
+                "queues": [q for _, q, _ in settled],
+                "ats": [a for _, _, a in settled],
+            },
+        )
 
 
 async def reap_dead_processes(conn: AsyncConnection, me: str) -> list[str]:
@@ -152,7 +217,13 @@ async def remove_connection(conn: AsyncConnection, connection_id: str) -> None:
 
 
 async def admit_connection(
-    conn: AsyncConnection, *, connection_id: str, process_id: str, username: str, limit: int
+    conn: AsyncConnection,
+    *,
+    connection_id: str,
+    process_id: str,
+    username: str,
+    limit: int,
+    client_address: str | None = None,
 ) -> bool:
     """Record an authenticated WebSocket connection of ``username`` unless that user already
     has ``limit`` of them on all processes together; False when refused. Run it in a
@@ -161,6 +232,12 @@ async def admit_connection(
     await conn.execute(LOCK_USER_CONNECTIONS, params)
     result = await conn.execute(
         ADMIT_CONNECTION,
-        {**params, "connection_id": connection_id, "process_id": process_id, "limit": limit},
+        {
+            **params,
+            "connection_id": connection_id,
+            "process_id": process_id,
+            "limit": limit,
+            "client_address": client_address,
+        },
     )
     return bool(result.rowcount)

@@ -102,6 +102,9 @@ queues = Table(
     # When a queue with x-expires is deleted unless used before (contract §13); NULL for
     # every other queue. Pushed forward by declare, get, subscribe and unsubscribe.
     _ts("idle_expires_at", nullable=True, default=False),
+    # When its last subscription ended (diagnosis, contract §19: no subscriber for 30 s);
+    # NULL: none ever ended (migration 0015).
+    _ts("unsubscribed_at", nullable=True, default=False),
     UniqueConstraint("name"),
     CheckConstraint(
         "max_delivery_count IS NULL OR max_delivery_count >= 1", name="max_delivery_count"
@@ -318,6 +321,11 @@ broker_processes = Table(
     Column("connections", Integer, nullable=False, server_default=text("0")),
     _ts("started_at"),
     _ts("heartbeat_at"),
+    # Reported with each heartbeat (migration 0015, diagnosis §19): the backend pid of its
+    # LISTEN connection (NULL while down) and its connection pool's use.
+    Column("listen_pid", Integer, nullable=True),
+    Column("pool_in_use", Integer, nullable=True),
+    Column("pool_size", Integer, nullable=True),
 )
 
 subscriptions = Table(
@@ -329,6 +337,8 @@ subscriptions = Table(
     _process_id(),
     Column("prefetch", Integer, nullable=False),
     _ts("created_at"),
+    # The last settlement by it, written with its process's heartbeat (migration 0015).
+    _ts("last_ack_at", nullable=True, default=False),
 )
 Index(None, subscriptions.c.queue_id)
 Index(None, subscriptions.c.process_id)
@@ -371,6 +381,10 @@ websocket_connections = Table(
     _process_id(),
     Column("username", Text, nullable=False),
     _ts("created_at"),
+    # Where it came from (contract §20; migration 0015).
+    Column("client_address", Text, nullable=True),
+    # An administrator asked to close it (§20): its process's heartbeat closes it.
+    _ts("close_requested_at", nullable=True, default=False),
 )
 Index(None, websocket_connections.c.username)
 Index(None, websocket_connections.c.process_id)

@@ -371,3 +371,31 @@ async def test_message_groups_one_at_a_time(mx: Client) -> None:
         await second.ack()
         await third.ack()
     await top.delete_queue("py-groups")
+
+
+async def test_diagnosis_and_connections_through_the_client(
+    mx: Client, rest: httpx.AsyncClient
+) -> None:
+    """§19 and §20 through the client: a queue's diagnosis names the subscription that holds
+    its delivery; the database's side lists this broker; the client's own connection is
+    listed and closing another one ends it."""
+    top = mx.topology
+    q = await queue_of_numbers(mx, rest, "client-diag", 2)
+    async with mx.subscribe(q, prefetch=1) as sub:
+        await next_message(aiter(sub))
+        found = await async_wait_for(
+            lambda: top.diagnose_queue(q), TIMEOUT, message="the diagnosis"
+        )
+        assert found["queue"] == q
+        (consumer,) = found["consumers"]
+        assert consumer["unacked"] == 1
+        assert found["oldest_in_flight"]["holder"]["connection_id"] == consumer["connection_id"]
+        assert found["head"]["blocked_by"] == "no_subscriber_with_credit"
+        health = await top.diagnose_database()
+        assert [p["listening"] for p in health["processes"]] == [True]
+        listed = await top.connections()
+        assert consumer["connection_id"] in [c["connection_id"] for c in listed]
+    with pytest.raises(NotFound):
+        await top.close_connection("00000000-0000-0000-0000-000000000000")
+    with pytest.raises(NotFound):
+        await top.diagnose_queue("client-diag-missing")

@@ -270,3 +270,37 @@ def test_a_waiting_single_active_subscription_is_activated(
     blank.evaluate("async (q) => window.__t.client.publish({ queue: q, body: 'now' })", q)
     wait_for(lambda: len(got(blank)) == 1, message="the delivery")
     assert got(blank)[0]["body"] == "now"
+
+
+def test_diagnosis_and_connections_through_the_client(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    """§19 and §20 through messagex.js: the queue's diagnosis names this client's connection
+    as the holder; it is listed; closing it gives 1008 and the client reconnects."""
+    q = queue(rest, "bc-diag")
+    blank.evaluate(SETUP, {"token": token, "queue": q})
+    rest.post(f"/queues/{q}/messages", json={"body": 1})
+    wait_for(lambda: len(got(blank)) == 1, message="the delivery")
+    found = blank.evaluate(
+        """async (queue) => {
+          const d = await window.__t.client.diagnoseQueue(queue);
+          const db = await window.__t.client.diagnoseDatabase();
+          const page = await window.__t.client.connections({ limit: 1000 });
+          let missing = null;
+          try { await window.__t.client.closeConnection('00000000-0000-0000-0000-000000000000'); }
+          catch (e) { missing = e.code; }
+          return { d, processes: db.processes.length, ids: page.items.map((c) => c.connection_id),
+                   missing };
+        }""",
+        q,
+    )
+    holder = found["d"]["oldest_in_flight"]["holder"]
+    assert holder["kind"] == "websocket"
+    assert holder["connection_id"] in found["ids"]
+    assert found["processes"] >= 1
+    assert found["missing"] == "not_found"
+    blank.evaluate("(id) => window.__t.client.closeConnection(id)", holder["connection_id"])
+    wait_for(
+        lambda: "reconnecting" in blank.evaluate("window.__t.states"),
+        message="the client to see its connection closed",
+    )

@@ -72,6 +72,8 @@ def test_every_control_on_every_page_is_labelled(
         ("publish", "Publish a message"),
         ("consume?queue=a11y-q", "Consume"),
         ("users", "Users"),
+        ("health", "Health"),
+        ("connections", "Connections"),
     ]:
         page.goto(f"{ui_server.base_url}/#/{route}")
         expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible()

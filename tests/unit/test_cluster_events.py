@@ -29,6 +29,12 @@ def test_the_wire_form_is_the_one_older_processes_read() -> None:
     assert orjson.loads(payload) == expected
 
 
+def test_connections_to_close_travel_under_their_own_key() -> None:
+    event = ClusterEvent(SENDER, closed_connections={"c2", "c1"})
+    assert orjson.loads(encode(event))["c"] == ["c1", "c2"]
+    assert decode(encode(event)) == event
+
+
 def test_an_event_too_big_for_one_notify_asks_for_everything() -> None:
     event = ClusterEvent(SENDER, deleted_queues={f"queue-{i:04}" for i in range(1000)})
     payload = encode(event)

@@ -216,6 +216,8 @@ class WsConnection:
             settle = partial(_traced_ack_soon, services.tracing, settle)
         self.acks = AckBatcher(settle, self.ops.track, self.send)
         self.client = ws.client.host if ws.client else None
+        #: "host:port" of the peer, shown by GET /connections (contract §20)
+        self.client_address = f"{ws.client.host}:{ws.client.port}" if ws.client else None
 
     @property
     def state(self) -> State:

@@ -47,7 +47,9 @@ async def websocket(ws: WebSocket) -> None:
     connection.password_hash = password_hash
     if user is not None:
         try:  # the user's connections on every process (429 limit_exceeded)
-            await services.subscriptions.admit(connection.id, user.username)
+            await services.subscriptions.admit(
+                connection.id, user.username, connection.client_address
+            )
         except BrokerError as exc:
             await ws.send_denial_response(broker_error_response(exc))
             return

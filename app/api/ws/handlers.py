@@ -55,7 +55,7 @@ async def auth(conn: WsConnection, frame: frames.AuthFrame, frame_id: FrameId) -
                 frame.username, frame.password, conn.client
             )
         # the user's connections on every process (contract §8)
-        await conn.engine.admit(conn.id, user.username)
+        await conn.engine.admit(conn.id, user.username, conn.client_address)
     except LimitExceeded as exc:
         conn.error(exc, frame_id)
         conn.close(1008, "too many connections for this user")

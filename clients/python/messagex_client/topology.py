@@ -207,6 +207,40 @@ class Topology(MessageOperations):
             if after is None:
                 return found
 
+    # -- diagnosis (contract §19) and connections (§20) ----------------------------------
+
+    async def diagnose_queue(self, name: str) -> dict[str, Any]:
+        """``GET /queues/{name}/diagnosis``: the head and what blocks it, the oldest delivery
+        in flight and its holder, the subscriptions and the findings (most severe first)."""
+        result: dict[str, Any] = await self._call(
+            "GET", f"/queues/{quote(name, safe='')}/diagnosis"
+        )
+        return result
+
+    async def diagnose_database(self) -> dict[str, Any]:
+        """``GET /diagnosis`` (admin): bloat, xmin holders, broker processes, NOTIFY queue."""
+        result: dict[str, Any] = await self._call("GET", "/diagnosis")
+        return result
+
+    async def connections(self) -> list[dict[str, Any]]:
+        """``GET /connections`` (admin): every WebSocket connection on every broker process,
+        by connection id (all pages)."""
+        found: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            query: dict[str, Any] = {"limit": 1000}
+            if after is not None:
+                query["after"] = after
+            page = await self._call("GET", "/connections", query=query)
+            found.extend(page["items"])
+            after = page["next_after"]
+            if after is None:
+                return found
+
+    async def close_connection(self, connection_id: str) -> None:
+        """``DELETE /connections/{id}`` (admin): closed with 1008 within 5 s, wherever it is."""
+        await self._call("DELETE", f"/connections/{quote(connection_id, safe='')}")
+
     async def _call(
         self,
         method: str,
