@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
-
 import messagex_client.kombu_transport  # noqa: F401 - registers messagex://
+from celery import Celery
 
 RESULTS = Path(os.environ.get("MX_CELERY_RESULTS", "/tmp/mx-celery-results"))
 

@@ -8,7 +8,7 @@ Needs the extra ``messagex-client[celery]`` (Kombu, httpx).
 
 How Kombu maps onto MessageX:
 
-* exchanges, queues and bindings are MessageX's own (REST, §4–§6); Kombu never routes in
+* exchanges, queues and bindings are MessageX's own (REST, §4 to §6); Kombu never routes in
   process: a publish goes to ``POST /exchanges/{x}/publish`` with the routing key (or to the
   queue for the nameless exchange), so fanout (Celery's pidbox), topic (events) and headers
   exchanges route in the broker, for every client alike;
@@ -36,7 +36,6 @@ import base64
 import json
 import logging
 import re
-import socket
 import time
 import uuid
 from collections import deque
@@ -46,9 +45,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from amqp.protocol import queue_declare_ok_t
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, virtual
-from kombu.transport.virtual.base import queue_declare_ok_t
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
@@ -108,7 +107,7 @@ def _raise_for(response: httpx.Response, what: str) -> None:
     raise MessageXChannelError(f"{what}: {response.status_code} {code}: {detail}")
 
 
-class QoS(virtual.QoS):  # type: ignore[misc]
+class QoS(virtual.QoS):
     """Settlement goes to the broker: ack → ``ACK``, reject → ``NACK``; nothing is restored by
     republishing (MessageX keeps the unsettled delivery and redelivers it itself)."""
 
@@ -128,12 +127,12 @@ class QoS(virtual.QoS):  # type: ignore[misc]
             if transport is not None:
                 try:
                     transport.settle(tag, ack=False, requeue=True)
-                except Exception:  # noqa: BLE001 - the broker releases them anyway
+                except Exception:
                     logger.debug("could not requeue %s", tag)
         return []
 
 
-class Channel(virtual.Channel):  # type: ignore[misc]
+class Channel(virtual.Channel):
     """Kombu's channel calls, each one a MessageX REST call (or a WebSocket frame)."""
 
     QoS = QoS
@@ -154,7 +153,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def exchange_declare(
         self,
         exchange: str | None = None,
-        type: str = "direct",  # noqa: A002 - Kombu's name
+        type: str = "direct",
         durable: bool = False,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
@@ -231,7 +230,11 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     ) -> None:
         if not exchange:
             return
-        params = {"exchange": mx_name(exchange), "queue": mx_name(queue), "limit": 1000}
+        params: dict[str, str | int] = {
+            "exchange": mx_name(exchange),
+            "queue": mx_name(queue),
+            "limit": 1000,
+        }
         response = self.rest.get("/bindings", params=params)
         _raise_for(response, "bindings")
         for binding in response.json()["items"]:
@@ -327,9 +330,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if transport is not None:
             for queue in list(self._temporary):
                 try:
-                    transport.rest.delete(
-                        f"/queues/{mx_name(queue)}", params={"if_unused": "true"}
-                    )
+                    transport.rest.delete(f"/queues/{mx_name(queue)}", params={"if_unused": "true"})
                 except httpx.HTTPError:
                     logger.debug("could not delete %s", queue)
             self._temporary.clear()
@@ -396,7 +397,7 @@ def to_kombu(delivery: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Transport(virtual.Transport):  # type: ignore[misc]
+class Transport(virtual.Transport):
     """``messagex://user:password@host:port/`` (with Celery's ``broker_use_ssl``: HTTPS/WSS).
 
     Transport options (Celery: ``broker_transport_options``): ``ack_timeout_seconds`` for the
@@ -406,22 +407,25 @@ class Transport(virtual.Transport):  # type: ignore[misc]
     Channel = Channel
     driver_type = "messagex"
     driver_name = "httpx"
-    default_port = 8000
-    polling_interval = None
+    default_port = 8000  # type: ignore[assignment]
+    polling_interval = None  # type: ignore[assignment]
 
     implements = virtual.Transport.implements.extend(
         asynchronous=False,
         exchange_type=frozenset(["direct", "topic", "fanout", "headers"]),
         heartbeats=False,
     )
-    connection_errors = (
+    connection_errors = (  # type: ignore[assignment]
         *virtual.Transport.connection_errors,
         ConnectionError,
         OSError,
         httpx.TransportError,
         WebSocketException,
     )
-    channel_errors = (*virtual.Transport.channel_errors, MessageXChannelError)
+    channel_errors = (  # type: ignore[assignment]
+        *virtual.Transport.channel_errors,
+        MessageXChannelError,
+    )
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -432,9 +436,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         auth = (client.userid or "guest", client.password or "guest")
         self.authorization = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
         timeout = client.transport_options.get("timeout", 30.0)
-        self.rest = httpx.Client(
-            base_url=f"{self.base}/api/v1", auth=auth, timeout=timeout
-        )
+        self.rest = httpx.Client(base_url=f"{self.base}/api/v1", auth=auth, timeout=timeout)
         self._ws: ClientConnection | None = None
         self._subscriptions: dict[str, str] = {}  # MessageX queue → Kombu queue
         self._pending: deque[dict[str, Any]] = deque()
@@ -461,12 +463,14 @@ class Transport(virtual.Transport):  # type: ignore[misc]
     def _socket(self) -> ClientConnection:
         if self._ws is None:
             url = self.base.replace("http", "ws", 1) + "/api/v1/ws"
+            # Entered by hand: the connection lives as long as this transport (closed in
+            # close_connection / on loss), not a ``with`` block.
             ws = connect(
                 url,
                 additional_headers={"Authorization": self.authorization},
                 open_timeout=10,
                 max_size=None,
-            )
+            ).__enter__()
             frame = json.loads(ws.recv(timeout=10))
             if frame.get("type") != "CONNECTED":
                 ws.close()
@@ -493,7 +497,9 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             self._read(remaining)
         reply = self._replies.pop(frame_id)
         if reply.get("type") == "ERROR":
-            raise MessageXChannelError(f"{frame['type']}: {reply.get('code')}: {reply.get('message')}")
+            raise MessageXChannelError(
+                f"{frame['type']}: {reply.get('code')}: {reply.get('message')}"
+            )
         return reply
 
     def _read(self, timeout: float) -> None:
@@ -513,7 +519,11 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         elif frame.get("id") is not None:
             self._replies[str(frame["id"])] = frame
         elif kind == "SUBSCRIPTION_CANCELLED":
-            logger.warning("MessageX cancelled the subscription to %s: %s", frame.get("queue"), frame.get("reason"))
+            logger.warning(
+                "MessageX cancelled the subscription to %s: %s",
+                frame.get("queue"),
+                frame.get("reason"),
+            )
             self._subscriptions.pop(frame.get("queue", ""), None)
         elif kind == "ERROR":
             logger.warning("MessageX: %s: %s", frame.get("code"), frame.get("message"))
@@ -556,7 +566,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             else:
                 self._send({"type": "NACK", "delivery_tag": delivery_tag, "requeue": requeue})
 
-    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._pending:
@@ -569,7 +579,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
                 return
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                raise socket.timeout()
+                raise TimeoutError()
             if self._ws is None or not self._subscriptions:
                 time.sleep(min(remaining, 0.1))
                 continue
