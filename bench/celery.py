@@ -35,7 +35,7 @@ from typing import Any
 import asyncpg
 import messagex_client.kombu_transport  # noqa: F401 - registers messagex://
 from celery import Celery
-from kombu import Connection
+from kombu.connection import Connection
 
 from bench.infra import (
     DEFAULT_DATABASE_URL,

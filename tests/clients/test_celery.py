@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from datetime import UTC, datetime
 from types import ModuleType
 
 import pytest
@@ -157,3 +158,24 @@ def test_remote_control_over_the_pidbox_fanout(
         kinds = {e["name"]: e["type"] for e in rest.get("/exchanges").json()["items"]}
     assert kinds["celery.pidbox"] == "fanout"
     assert kinds["reply.celery.pidbox"] == "direct"
+
+
+def test_names_and_eta_map_onto_messagex() -> None:
+    from messagex_client.kombu_transport import MAX_DELAY_MS, delay_ms_for, mx_name
+
+    assert mx_name("celery") == "celery"
+    assert mx_name("celery@w1.celery.pidbox") == "celery_x40w1.celery.pidbox"
+    assert mx_name("_private") == "q_private"  # the first character must be alphanumeric
+    assert mx_name("amq.gen-1") == "amq.gen-1"  # a valid name is left alone
+    now = 1_800_000_000.0
+    assert delay_ms_for({"eta": "2027-01-15T08:00:02+00:00"}, now=now) == 2000
+    assert delay_ms_for({"eta": "2027-01-15T07:59:00+00:00"}, now=now) == 0  # past: at once
+    assert delay_ms_for({"eta": "not a date"}, now=now) == 0
+    assert delay_ms_for({"eta": None}, now=now) == 0
+    assert delay_ms_for({}, now=now) == 0
+    due = datetime.fromtimestamp(now + 2.5, tz=UTC).isoformat()
+    assert delay_ms_for({"eta": due}, now=now) == 2500
+    naive_utc = datetime.fromtimestamp(now + 1, tz=UTC).replace(tzinfo=None).isoformat()
+    assert delay_ms_for({"eta": naive_utc}, now=now) == 1000
+    far = datetime.fromtimestamp(now + 30 * 86400, tz=UTC).isoformat()
+    assert delay_ms_for({"eta": far}, now=now) == MAX_DELAY_MS
