@@ -27,6 +27,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     broker_transport_options={"ack_timeout_seconds": 30},
     result_chord_join_timeout=20,
+    worker_lost_wait=1.0,  # how long prefork waits before declaring a killed child lost (10)
 )
 
 

@@ -30,27 +30,29 @@ class Workers:
         self.env, self.logs, self.count = env, logs, 0
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, *options: str) -> subprocess.Popen[bytes]:
+        """A worker; by default the solo pool on the default queue."""
         self.count += 1
         with (self.logs / f"worker-{self.count}.log").open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "tests.clients.celery_app", "worker",
-                 "--pool=solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                 "--loglevel=INFO", "-n", f"w{self.count}@%h"],
+                 "--without-gossip", "--without-mingle", "--without-heartbeat",
+                 "--loglevel=INFO", "-n", f"w{self.count}@%h", *(options or ["--pool=solo"])],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.procs.append(proc)
         return proc
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        live = [proc for proc in self.procs if proc.poll() is None]
+        for proc in live:  # all at once: a warm shutdown takes a few seconds each
+            proc.terminate()
+        for proc in live:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def consumers(broker: LiveServer, queue: str = "celery") -> int:
@@ -144,6 +146,26 @@ def test_worker_killed_mid_task_is_redelivered(
     assert len(pids) == 2
     assert pids[0] == str(victim.pid)
     assert pids[1] != pids[0]
+
+
+def test_pool_process_killed_mid_task_is_rejected_and_redelivered(
+    broker: LiveServer, tasks: ModuleType, workers: Workers
+) -> None:
+    """Prefork, 2 processes: SIGKILL the pool process running the task. Celery rejects it
+    with requeue (task_reject_on_worker_lost) → NACK → MessageX delivers it again."""
+    main = workers.start("--pool=prefork", "--concurrency=2", "-Q", "mx-prefork")
+    wait_for(lambda: consumers(broker, "mx-prefork") >= 1, timeout=30)
+    starts = Path(os.environ["MX_CELERY_RESULTS"]) / "slow-pool"
+    result = tasks.slow.apply_async(("pool", 1.0), queue="mx-prefork")
+    wait_for(lambda: starts.exists() and starts.read_text().count("\n") == 1, timeout=20)
+    child = int(starts.read_text().split()[0])
+    assert child != main.pid
+    os.kill(child, signal.SIGKILL)
+    assert result.get(timeout=30).startswith("done by ")
+    pids = starts.read_text().split()
+    assert len(pids) == 2
+    assert pids[1] != pids[0]
+    assert main.poll() is None  # the worker itself lives on
 
 
 def test_remote_control_over_the_pidbox_fanout(
