@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from types import ModuleType
 
 import pytest
