@@ -20,6 +20,7 @@ from types import ModuleType
 import pytest
 from celery import chord, group
 
+from tests import support
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, client, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,6 +181,36 @@ def test_remote_control_over_the_pidbox_fanout(
         kinds = {e["name"]: e["type"] for e in rest.get("/exchanges").json()["items"]}
     assert kinds["celery.pidbox"] == "fanout"
     assert kinds["reply.celery.pidbox"] == "direct"
+
+
+@pytest.mark.slow
+def test_worker_reconnects_when_its_broker_restarts(
+    broker: LiveServer,
+    tasks: ModuleType,
+    workers: Workers,
+    celery_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's broker process (a second one on the same database, a fixed port) stops
+    and starts again: Kombu sees the WebSocket close as a connection error, Celery
+    reconnects and subscribes again, and the next task runs."""
+    port = support.free_port()
+    monkeypatch.setattr(support, "free_port", lambda: port)
+    own = support.start_server(broker.settings)
+    url = f"messagex://{ADMIN_USER}:{ADMIN_PASSWORD}@127.0.0.1:{port}/"
+    pool = Workers({**celery_env, "MX_CELERY_BROKER": url}, workers.logs)
+    try:
+        pool.start("--pool=solo", "-Q", "mx-reconnect")
+        wait_for(lambda: consumers(broker, "mx-reconnect") >= 1, timeout=30)
+        assert tasks.add.apply_async((1, 1), queue="mx-reconnect").get(timeout=20) == 2
+        own.stop()
+        wait_for(lambda: consumers(broker, "mx-reconnect") == 0, timeout=20)
+        own = support.start_server(broker.settings)
+        assert tasks.add.apply_async((2, 2), queue="mx-reconnect").get(timeout=40) == 4
+        assert pool.procs[0].poll() is None
+    finally:
+        pool.stop()
+        own.stop()
 
 
 def test_names_and_eta_map_onto_messagex() -> None:
