@@ -191,12 +191,12 @@ async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
         runs = [("messagex", mx_url)]
         if not args.no_rabbitmq:
             runs.append(("rabbitmq (py-amqp)", args.rabbitmq_url))
-        drop = f'DROP DATABASE IF EXISTS "{sqla_db}" WITH (FORCE)'
-        await _admin(pg.admin_url, drop, f'CREATE DATABASE "{sqla_db}"')
-        sqla = with_database(pg.admin_url, sqla_db)
-        runs.append(
-            ("kombu sqlalchemy", sqla.replace("postgresql://", "sqla+postgresql+psycopg://", 1))
-        )
+        if not args.no_sqlalchemy:
+            drop = f'DROP DATABASE IF EXISTS "{sqla_db}" WITH (FORCE)'
+            await _admin(pg.admin_url, drop, f'CREATE DATABASE "{sqla_db}"')
+            sqla = with_database(pg.admin_url, sqla_db)
+            sqla = sqla.replace("postgresql://", "sqla+postgresql+psycopg://", 1)
+            runs.append(("kombu sqlalchemy", sqla))
         for name, url in runs:
             print(f"celery on {name}: {args.count} tasks …", file=sys.stderr, flush=True)
             result = await asyncio.to_thread(
@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     p.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL)
     p.add_argument("--no-rabbitmq", action="store_true")
+    p.add_argument("--no-sqlalchemy", action="store_true", help="skip Kombu's SQLAlchemy")
     p.add_argument("--deadline", type=float, default=180.0, help="per broker, s (180)")
     p.add_argument("--json", type=Path, help="write the results here too")
     args = p.parse_args(argv)
