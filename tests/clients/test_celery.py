@@ -232,3 +232,44 @@ def test_names_and_eta_map_onto_messagex() -> None:
     assert delay_ms_for({"eta": naive_utc}, now=now) == 1000
     far = datetime.fromtimestamp(now + 30 * 86400, tz=UTC).isoformat()
     assert delay_ms_for({"eta": far}, now=now) == MAX_DELAY_MS
+
+
+def test_kombu_basic_get_publish_and_settle_over_rest(broker: LiveServer) -> None:
+    """Plain Kombu, no Celery: a topic exchange routed by MessageX, ``basic_get`` (a §9
+    pull), reject with requeue (→ nack) and ack (→ ack) over REST, body and properties
+    byte-exact."""
+    import messagex_client.kombu_transport  # noqa: F401 - registers messagex://
+    from kombu import Connection, Exchange, Queue  # type: ignore[attr-defined]
+
+    url = f"messagex://{ADMIN_USER}:{ADMIN_PASSWORD}@127.0.0.1:{broker.port}/"
+    exchange = Exchange("kx-orders", type="topic")
+    queue = Queue("kx-eu", exchange=exchange, routing_key="order.eu.*")
+    with Connection(url) as conn, conn.channel() as channel:
+        bound = queue(channel)
+        bound.declare()
+        producer = conn.Producer(channel)
+        binary = {"content_type": "application/octet-stream", "content_encoding": "binary"}
+        producer.publish(b"\x00\xffraw", exchange=exchange, routing_key="order.us.1", **binary)
+        producer.publish({"n": 1}, exchange=exchange, routing_key="order.eu.1",
+                         correlation_id="c-1", headers={"h": "v"})  # fmt: skip
+        producer.publish(b"\x00\xffraw", exchange=exchange, routing_key="order.eu.2", **binary)
+        first = bound.get()
+        assert first is not None
+        assert first.payload == {"n": 1}
+        assert first.headers == {"h": "v"}
+        assert first.properties["correlation_id"] == "c-1"
+        assert first.delivery_info["routing_key"] == "order.eu.1"
+        first.reject(requeue=True)
+        again = bound.get()
+        assert again is not None
+        assert again.payload == {"n": 1}
+        assert again.delivery_info["redelivered"] is True
+        again.ack()
+        raw = bound.get()
+        assert raw is not None
+        assert raw.body == b"\x00\xffraw"
+        raw.ack()
+        assert bound.get() is None  # order.us.1 matched no binding: routed by MessageX
+    with client(broker.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as rest:
+        stats = rest.get("/queues/kx-eu").json()["stats"]
+    assert (stats["ready"], stats["in_flight"]) == (0, 0)
