@@ -124,3 +124,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if COUNTS:
         counts = ", ".join(f"{n:,} {what}" for what, n in sorted(COUNTS.items()))
         terminalreporter.write_line(f"AsyncAPI: {counts}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (minutes, big volumes) run only when asked for (``pytest -m
+    slow``): otherwise they are deselected (reported as such), not skipped."""
+    if "slow" in (config.getoption("markexpr", "") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("slow") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
