@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -24,6 +25,30 @@ from tests.support import (
 # benchmark beside it) data generation can be slow, which must not fail a test.
 settings.register_profile("messagex", suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("messagex")
+
+_SHARED_PG = pytest.StashKey[PgCluster]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) the workers share one embedded PostgreSQL: the
+    controller starts it before it spawns them and hands them its URL through
+    MESSAGEX_TEST_DATABASE_URL (each worker still has its own template and databases, named
+    after its pid). Without xdist, or with a URL given, the ``pg_cluster`` fixture does it."""
+    distributed = config.getoption("dist", "no") != "no" and config.getoption("numprocesses", 0)
+    if not distributed or hasattr(config, "workerinput"):
+        return
+    if os.environ.get("MESSAGEX_TEST_DATABASE_URL"):
+        return
+    cluster = PgCluster(None)
+    config.stash[_SHARED_PG] = cluster
+    os.environ["MESSAGEX_TEST_DATABASE_URL"] = cluster.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(_SHARED_PG, None)
+    if cluster is not None:
+        os.environ.pop("MESSAGEX_TEST_DATABASE_URL", None)
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
