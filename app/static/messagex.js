@@ -331,6 +331,39 @@ export class Client extends EventTarget {
     return (await this._rest("GET", `/bindings?${query}`)).items;
   }
 
+  // -- lists by name (REST; contract §1, §20) --------------------------------------------
+
+  /** Every exchange you have some permission on, by name; `contains`: only the names that
+   * contain this text (case-sensitive). */
+  exchanges({ contains } = {}) {
+    return this._listAll("/exchanges", contains);
+  }
+
+  /** Every queue you have some permission on (with its stats), by name; `contains` as above. */
+  queues({ contains } = {}) {
+    return this._listAll("/queues", contains);
+  }
+
+  /** Every user, by name (admin only); `contains` as above. */
+  users({ contains } = {}) {
+    return this._listAll("/users", contains);
+  }
+
+  /** All pages of a list by name (`?limit=1000&after=`), filtered by `?contains=` if given. */
+  async _listAll(path, contains) {
+    const items = [];
+    let after = null;
+    for (;;) {
+      const query = new URLSearchParams({ limit: "1000" });
+      if (contains) query.set("contains", contains);
+      if (after !== null) query.set("after", after);
+      const page = await this._rest("GET", `${path}?${query}`);
+      items.push(...page.items);
+      after = page.next_after;
+      if (after === null || after === undefined) return items;
+    }
+  }
+
   async _rest(method, path, body) {
     const url = new URL(this.url);
     url.protocol = url.protocol === "wss:" ? "https:" : "http:";

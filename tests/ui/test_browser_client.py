@@ -270,3 +270,35 @@ def test_a_waiting_single_active_subscription_is_activated(
     blank.evaluate("async (q) => window.__t.client.publish({ queue: q, body: 'now' })", q)
     wait_for(lambda: len(got(blank)) == 1, message="the delivery")
     assert got(blank)[0]["body"] == "now"
+
+
+def test_lists_by_name_with_contains_through_the_client(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    """§20 from the browser client: exchanges(), queues() and users() with `contains`."""
+    for name in ("bcl-Owl", "bcl-owl", "bcl-barnowl", "bcl-hen"):
+        assert rest.put(f"/exchanges/{name}", json={"type": "fanout"}).status_code == 201
+        queue(rest, name)
+    result = blank.evaluate(
+        """
+        async ({ token }) => {
+          const { Client } = await import('/static/messagex.js');
+          const mx = new Client({ token });
+          const exchanges = await mx.exchanges({ contains: 'owl' });
+          const queues = await mx.queues({ contains: 'bcl-' });
+          const all = await mx.exchanges();
+          const users = await mx.users({ contains: 'admi' });
+          let bad = null;
+          try { await mx.queues({ contains: 'a b' }); } catch (e) { bad = e.code; }
+          return { exchanges: exchanges.map((x) => x.name), queues: queues.map((q) => q.name),
+                   builtin: all.some((x) => x.name === 'amq.topic'),
+                   users: users.map((u) => u.username), bad };
+        }
+        """,
+        {"token": token},
+    )
+    assert result["exchanges"] == ["bcl-barnowl", "bcl-owl"]
+    assert result["queues"] == ["bcl-Owl", "bcl-barnowl", "bcl-hen", "bcl-owl"]
+    assert result["builtin"] is True
+    assert result["users"] == [ADMIN_USER]
+    assert result["bad"] == "validation_error"

@@ -200,6 +200,33 @@ class Topology:
             if after is None:
                 return found
 
+    async def exchanges(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /exchanges``, all pages, by name: the exchanges you have some permission on;
+        ``contains`` keeps those whose name contains the text (case-sensitive, §20)."""
+        return await self._all_by_name("/exchanges", contains)
+
+    async def queues(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /queues``, all pages, by name (each with its ``stats``); ``contains`` as in
+        :meth:`exchanges`."""
+        return await self._all_by_name("/queues", contains)
+
+    async def users(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /users``, all pages, by name (admin only); ``contains`` as in
+        :meth:`exchanges`."""
+        return await self._all_by_name("/users", contains)
+
+    async def _all_by_name(self, path: str, contains: str | None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": 1000}
+        if contains is not None:
+            query["contains"] = contains
+        while True:
+            page = await self._call("GET", path, query=query)
+            found.extend(page["items"])
+            if page["next_after"] is None:
+                return found
+            query["after"] = page["next_after"]
+
     async def _call(
         self,
         method: str,
