@@ -27,7 +27,8 @@ export UV_COMPILE_BYTECODE := 1
 # Extra arguments: `make test ARGS="tests/api -k queues"`, `make run ARGS="--port 9000"`.
 ARGS ?=
 # pytest-xdist workers for `make test`: the suite mostly waits (on servers, PostgreSQL,
-# timers), so 3 workers keep a 2-core machine busy. TEST_WORKERS=0: one process.
+# timers), so 3 workers keep a 2-core machine busy. TEST_WORKERS=0: one process. The
+# CPU-heavy tests run in groups, one at a time (tests/conftest.py, _HEAVY_GROUPS).
 TEST_WORKERS ?= 3
 
 .PHONY: help sync run test lint openapi migrate bench clean distclean
@@ -53,7 +54,7 @@ run: sync ## Run the broker on http://127.0.0.1:8000 (embedded PostgreSQL unless
 	MESSAGEX_DATA_DIR="$(MESSAGEX_DATA_DIR)" $(BIN)/messagex serve $(ARGS)
 
 test: sync ## Run the whole test suite (embedded PostgreSQL unless MESSAGEX_TEST_DATABASE_URL is set)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 lint: sync ## ruff check, ruff format --check, mypy --strict, import-linter
 	$(BIN)/ruff check .

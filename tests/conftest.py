@@ -44,6 +44,38 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MESSAGEX_TEST_DATABASE_URL"] = cluster.url
 
 
+#: Tests that keep the CPU busy for long (broker processes under load, floods, fuzzing,
+#: benchmarks; property tests with thousands of examples) or that time a broker under load.
+#: Under xdist's ``--dist loadgroup`` each group runs on one worker, one test at a time, so
+#: at most one of each kind runs beside the rest of the suite, as they did in a serial run.
+_HEAVY_GROUPS = {
+    "processes": (
+        "tests/faults/",
+        "tests/bench/",
+        "tests/api/test_multiprocess.py",
+        "tests/api/test_ttl_multiprocess.py",
+        "tests/api/test_routing_cache.py",
+        "tests/api/test_ws_many_queues.py",
+        "tests/api/test_cli.py",
+    ),
+    "properties": (
+        "tests/unit/test_publish_decoding.py",
+        "tests/unit/test_fast_decoders.py",
+        "tests/unit/test_routing.py",
+        "tests/unit/test_route_graph.py",
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        for group, prefixes in _HEAVY_GROUPS.items():
+            if path.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     cluster = config.stash.get(_SHARED_PG, None)
     if cluster is not None:
