@@ -26,10 +26,11 @@ export UV_COMPILE_BYTECODE := 1
 
 # Extra arguments: `make test ARGS="tests/api -k queues"`, `make run ARGS="--port 9000"`.
 ARGS ?=
-# pytest-xdist workers for `make test`: the suite mostly waits (on servers, PostgreSQL,
-# timers), so 3 workers keep a 2-core machine busy. TEST_WORKERS=0: one process. The
-# CPU-heavy tests run in groups, one at a time (tests/conftest.py, _HEAVY_GROUPS).
-TEST_WORKERS ?= 3
+# pytest-xdist workers for `make test` (0: one process, the default). The suite mostly
+# waits, so `make test TEST_WORKERS=3` runs it in about half the time, but on a loaded
+# 2-core machine a few multi-process tests still fail that way (docs/decisions.md), so CI
+# stays serial until they are fixed. CPU-heavy tests form groups (tests/conftest.py).
+TEST_WORKERS ?= 0
 
 .PHONY: help sync run test lint openapi migrate bench clean distclean
 
