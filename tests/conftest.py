@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -24,6 +25,70 @@ from tests.support import (
 # benchmark beside it) data generation can be slow, which must not fail a test.
 settings.register_profile("messagex", suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("messagex")
+
+_SHARED_PG = pytest.StashKey[PgCluster]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) the workers share one embedded PostgreSQL: the
+    controller starts it before it spawns them and hands them its URL through
+    MESSAGEX_TEST_DATABASE_URL (each worker still has its own template and databases, named
+    after its pid). Without xdist, or with a URL given, the ``pg_cluster`` fixture does it."""
+    distributed = config.getoption("dist", "no") != "no" and config.getoption("numprocesses", 0)
+    if not distributed or hasattr(config, "workerinput"):
+        return
+    if os.environ.get("MESSAGEX_TEST_DATABASE_URL"):
+        return
+    cluster = PgCluster(None)
+    config.stash[_SHARED_PG] = cluster
+    os.environ["MESSAGEX_TEST_DATABASE_URL"] = cluster.url
+
+
+#: Tests that keep the CPU busy for long (broker processes under load, floods, fuzzing,
+#: benchmarks; property tests with thousands of examples) or that time a broker under load.
+#: Under xdist's ``--dist loadgroup`` each group runs on one worker, one test at a time, so
+#: at most one of each kind runs beside the rest of the suite, as they did in a serial run.
+_HEAVY_GROUPS = {
+    "processes": (
+        "tests/faults/",
+        "tests/bench/",
+        "tests/api/test_multiprocess.py",
+        "tests/api/test_ttl_multiprocess.py",
+        "tests/api/test_routing_cache.py",
+        "tests/api/test_ws_many_queues.py",
+        "tests/api/test_cli.py",
+    ),
+    "properties": (
+        "tests/unit/test_publish_decoding.py",
+        "tests/unit/test_fast_decoders.py",
+        "tests/unit/test_routing.py",
+        "tests/unit/test_route_graph.py",
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (minutes, big volumes) run only when asked for (``pytest -m
+    slow``): otherwise they are deselected (reported as such), not skipped. The CPU-heavy
+    files get their xdist group (run one at a time each under ``make test TEST_WORKERS=n``)."""
+    if "slow" not in (config.getoption("markexpr", "") or ""):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        for group, prefixes in _HEAVY_GROUPS.items():
+            if path.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(_SHARED_PG, None)
+    if cluster is not None:
+        os.environ.pop("MESSAGEX_TEST_DATABASE_URL", None)
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -124,14 +189,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if COUNTS:
         counts = ", ".join(f"{n:,} {what}" for what, n in sorted(COUNTS.items()))
         terminalreporter.write_line(f"AsyncAPI: {counts}")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (minutes, big volumes) run only when asked for (``pytest -m
-    slow``): otherwise they are deselected (reported as such), not skipped."""
-    if "slow" in (config.getoption("markexpr", "") or ""):
-        return
-    kept = [item for item in items if item.get_closest_marker("slow") is None]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept

@@ -89,6 +89,10 @@ def admin_sql(url: str, *statements: str) -> None:
     asyncio.run(_admin_sql(url, *statements))
 
 
+#: of the embedded test server (PostgreSQL's default is 100)
+MAX_CONNECTIONS = 500
+
+
 class PgCluster:
     """Where the test databases live: MESSAGEX_TEST_DATABASE_URL, or an embedded server."""
 
@@ -109,8 +113,13 @@ class PgCluster:
                 "ALTER SYSTEM SET fsync = off",
                 "ALTER SYSTEM SET synchronous_commit = off",
                 "ALTER SYSTEM SET full_page_writes = off",
-                "SELECT pg_reload_conf()",
+                # pytest-xdist workers share this server: each runs brokers (a pool of up to
+                # 10 sessions and a LISTEN session each), some of them several processes.
+                f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}",
             )
+            # max_connections takes a restart (the settings above come along)
+            self.embedded.stop()
+            url = self.embedded.start()
         self.url = url
         self._counter = itertools.count()
         self.prefix = f"mxt_{os.getpid()}"

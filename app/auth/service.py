@@ -504,12 +504,13 @@ class AuthService:
     # --- user management (admin only) -----------------------------------------------------
 
     async def list_users(
-        self, actor: User, limit: int = 100, after: str | None = None
+        self, actor: User, limit: int = 100, after: str | None = None, contains: str | None = None
     ) -> tuple[list[User], str | None]:
-        """A page of users by name (byte order) and the cursor of the next page."""
+        """A page of users by name (byte order) and the cursor of the next page; only those
+        whose name contains ``contains``, when given."""
         authz.require_admin(actor)
         async with self.db.connect() as conn:
-            users = await accounts.list_users(conn, limit, after)
+            users = await accounts.list_users(conn, limit, after, contains)
         next_after = users[-1].username if len(users) == limit and users else None
         return users, next_after
 

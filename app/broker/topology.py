@@ -177,12 +177,12 @@ class TopologyService:
         return exchange
 
     async def list_exchanges(
-        self, user: User, *, limit: int, after: str | None = None
+        self, user: User, *, limit: int, after: str | None = None, contains: str | None = None
     ) -> Listing[Exchange]:
         async with self.db.transaction() as conn:
 
             async def fetch(cursor: str | None, n: int) -> list[Exchange]:
-                return await store.list_exchanges(conn, after=cursor, limit=n)
+                return await store.list_exchanges(conn, after=cursor, limit=n, contains=contains)
 
             visible = None if _admin(user) else (lambda e: allows_any(user, e.name))
             items, next_after = await _page(
@@ -252,12 +252,12 @@ class TopologyService:
         return QueueInfo(queue, stats.get(name, QueueStats()))
 
     async def list_queues(
-        self, user: User, *, limit: int, after: str | None = None
+        self, user: User, *, limit: int, after: str | None = None, contains: str | None = None
     ) -> Listing[QueueInfo]:
         async with self.db.transaction() as conn:
 
             async def fetch(cursor: str | None, n: int) -> list[Queue]:
-                return await store.list_queues(conn, after=cursor, limit=n)
+                return await store.list_queues(conn, after=cursor, limit=n, contains=contains)
 
             visible = None if _admin(user) else (lambda q: allows_any(user, q.name))
             queues, next_after = await _page(

@@ -9,6 +9,7 @@ except that headers values are compared as JSON values (``1`` equals ``1.0``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -301,12 +302,23 @@ class TopicTrie:
 
     def match(self, routing_key: str) -> list[int]:
         """Indices of the patterns matching ``routing_key``, ascending."""
+        return sorted(self.walk(routing_key)[0])
+
+    def walk(self, routing_key: str, budget: int = sys.maxsize) -> tuple[set[int], int]:
+        """The indices of the matching patterns and the number of steps (states taken
+        from the work list) it took. Raises :class:`WalkBudgetExceeded` past ``budget``
+        steps: tests use it to check the work
+        is polynomial in the key and the trie, without timing anything."""
         words = _split_words(routing_key)
         end = len(words)
         found: set[int] = set()
         seen: set[tuple[int, int]] = set()
         pending: list[tuple[_TrieNode, int]] = [(self._root, 0)]
+        steps = 0
         while pending:
+            steps += 1
+            if steps > budget:
+                raise WalkBudgetExceeded(budget)
             node, at = pending.pop()
             state = (id(node), at)
             if state in seen:
@@ -324,7 +336,22 @@ class TopicTrie:
                 pending.append((child, at + 1))
             if node.star is not None:
                 pending.append((node.star, at + 1))
-        return sorted(found)
+        return found, steps
+
+    def size(self) -> int:
+        """The number of nodes in the trie."""
+        count = 0
+        nodes = [self._root]
+        while nodes:
+            node = nodes.pop()
+            count += 1
+            nodes.extend(node.words.values())
+            nodes.extend(child for child in (node.star, node.hash) if child is not None)
+        return count
+
+
+class WalkBudgetExceeded(Exception):
+    """A :meth:`TopicTrie.walk` took more steps than its budget allowed."""
 
 
 def _scalar_key(value: Any) -> tuple[str, Any] | None:

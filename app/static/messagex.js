@@ -377,16 +377,49 @@ export class Client extends EventTarget {
     return this._rest("GET", "/diagnosis");
   }
 
-  /** Every WebSocket connection on every broker process (admin), by connection id: one page. */
-  async connections({ limit = 100, after } = {}) {
+  /** Every WebSocket connection on every broker process (admin), by connection id: one page;
+   * `contains`: only those whose username contains it (contract §20). */
+  async connections({ limit = 100, after, contains } = {}) {
     const query = new URLSearchParams({ limit: String(limit) });
     if (after !== undefined && after !== null) query.set("after", after);
+    if (contains) query.set("contains", contains);
     return this._rest("GET", `/connections?${query}`);
   }
 
   /** Close a WebSocket connection wherever it is (admin): 1008 within 5 s. */
   closeConnection(connectionId) {
     return this._rest("DELETE", `/connections/${encodeURIComponent(connectionId)}`);
+  // -- lists by name (REST; contract §1, §20) --------------------------------------------
+
+  /** Every exchange you have some permission on, by name; `contains`: only the names that
+   * contain this text (case-sensitive). */
+  exchanges({ contains } = {}) {
+    return this._listAll("/exchanges", contains);
+  }
+
+  /** Every queue you have some permission on (with its stats), by name; `contains` as above. */
+  queues({ contains } = {}) {
+    return this._listAll("/queues", contains);
+  }
+
+  /** Every user, by name (admin only); `contains` as above. */
+  users({ contains } = {}) {
+    return this._listAll("/users", contains);
+  }
+
+  /** All pages of a list by name (`?limit=1000&after=`), filtered by `?contains=` if given. */
+  async _listAll(path, contains) {
+    const items = [];
+    let after = null;
+    for (;;) {
+      const query = new URLSearchParams({ limit: "1000" });
+      if (contains) query.set("contains", contains);
+      if (after !== null) query.set("after", after);
+      const page = await this._rest("GET", `${path}?${query}`);
+      items.push(...page.items);
+      after = page.next_after;
+      if (after === null || after === undefined) return items;
+    }
   }
 
   async _rest(method, path, body) {

@@ -228,6 +228,26 @@ function pager(onChange) {
   };
 }
 
+/**
+ * A filter box for a list page: `?contains=` (contract §20), a case-sensitive part of the
+ * name. `onChange` runs (debounced) when the text changes; the caller goes back to the first
+ * page and reloads with `filter.value` as the query's `contains`.
+ */
+function filterBox(label, onChange) {
+  const input = h("input", { type: "search", name: "contains", autocomplete: "off", spellcheck: "false" });
+  let timer = null;
+  input.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(onChange, 250);
+  });
+  return {
+    el: h("div", { class: "filter" }, field(label, input, "Case-sensitive; part of the name")),
+    get value() {
+      return input.value;
+    },
+  };
+}
+
 /** Names for a <datalist> (first 1000, enough for a hint). */
 async function namesOf(path) {
   try {
@@ -390,17 +410,21 @@ export function exchangesView(main, _params, ctx) {
     }
   });
 
-  fill(main, heading("Exchanges"), section("All exchanges", list, pages.el), section("Declare an exchange", form));
+  const filter = filterBox("Filter exchanges by name", () => {
+    pages.reset();
+    refresh();
+  });
+  fill(main, heading("Exchanges"), section("All exchanges", filter.el, list, pages.el), section("Declare an exchange", form));
 
   const ticket = sequencer();
   async function refresh() {
     const current = ticket();
     try {
-      const page = await api("GET", "/exchanges", { query: { limit: 50, after: pages.after } });
+      const page = await api("GET", "/exchanges", { query: { limit: 50, after: pages.after, contains: filter.value } });
       if (!current()) return;
       pages.update(page.next_after);
       fill(list, page.items.length === 0
-        ? h("p", null, "No exchanges on this page.")
+        ? h("p", null, filter.value ? "No exchange names contain this text." : "No exchanges on this page.")
         : table("Exchanges", ["Name", "Type", "Durable", "Auto-delete", "Built-in"], page.items.map((x) => [
           link(x.name, "exchanges", x.name), x.type, yesNo(x.durable), yesNo(x.auto_delete), yesNo(x.builtin),
         ])));
@@ -678,17 +702,21 @@ export function queuesView(main, _params, ctx) {
     }
   });
 
-  fill(main, heading("Queues"), section("All queues", list, pages.el), section("Declare a queue", form));
+  const filter = filterBox("Filter queues by name", () => {
+    pages.reset();
+    refresh();
+  });
+  fill(main, heading("Queues"), section("All queues", filter.el, list, pages.el), section("Declare a queue", form));
 
   const ticket = sequencer();
   async function refresh() {
     const current = ticket();
     try {
-      const page = await api("GET", "/queues", { query: { limit: 50, after: pages.after } });
+      const page = await api("GET", "/queues", { query: { limit: 50, after: pages.after, contains: filter.value } });
       if (!current()) return;
       pages.update(page.next_after);
       fill(list, page.items.length === 0
-        ? h("p", null, "No queues on this page.")
+        ? h("p", null, filter.value ? "No queue names contain this text." : "No queues on this page.")
         : table("Queues with live counts", ["Name", "Ready", "Delayed", "In flight", "Dead", "Consumers", "Dead-letter queue"], page.items.map((q) => [
           link(q.name, "queues", q.name),
           String(q.stats.ready), String(q.stats.delayed), String(q.stats.in_flight), String(q.stats.dead), String(q.stats.consumers),
@@ -1044,13 +1072,17 @@ export function usersView(main, _params, ctx) {
     username.focus();
   }
 
-  fill(main, heading("Users"), section("All users", list, pages.el), section("Create or update a user", form));
+  const filter = filterBox("Filter users by name", () => {
+    pages.reset();
+    refresh();
+  });
+  fill(main, heading("Users"), section("All users", filter.el, list, pages.el), section("Create or update a user", form));
 
   const ticket = sequencer();
   async function refresh() {
     const current = ticket();
     try {
-      const page = await api("GET", "/users", { query: { limit: 100, after: pages.after } });
+      const page = await api("GET", "/users", { query: { limit: 100, after: pages.after, contains: filter.value } });
       if (!current()) return;
       pages.update(page.next_after);
       fill(list, table("Users", ["Username", "Role", "Configure", "Write", "Read", "Actions"], page.items.map((u) => [

@@ -32,6 +32,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.domain.model import Permissions, Role, User
 from app.storage import queries
 from app.storage.fastpath import HotPath
+from app.storage.listing import name_contains
 from app.storage.tables import auth_failures, broker_users, management_sessions
 
 #: pg_advisory_xact_lock key serializing the bootstrap of the first user ("mxboot").
@@ -328,10 +329,18 @@ async def delete_user(conn: AsyncConnection, username: str) -> bool:
     return result.first() is not None
 
 
-async def list_users(conn: AsyncConnection, limit: int, after: str | None) -> list[User]:
-    """Users ordered by name in byte order, keyset-paginated."""
+async def list_users(
+    conn: AsyncConnection, limit: int, after: str | None, contains: str | None = None
+) -> list[User]:
+    """Users ordered by name in byte order, keyset-paginated; only those whose name contains
+    ``contains``, when given."""
     name = broker_users.c.username.collate("C")
-    stmt = select(*_USER_COLUMNS).order_by(name).limit(limit)
+    stmt = (
+        select(*_USER_COLUMNS)
+        .where(name_contains(broker_users.c.username, contains))
+        .order_by(name)
+        .limit(limit)
+    )
     if after is not None:
         stmt = stmt.where(name > after)
     return [_account(row).user for row in await conn.execute(stmt)]

@@ -64,6 +64,7 @@ from app.storage.driver_errors import (
     sqlstate,
 )
 from app.storage.fastpath import HotPath, Statement
+from app.storage.listing import name_contains
 from app.storage.presence import is_live
 
 #: How many times a declare re-reads when the row it conflicted with vanished meanwhile.
@@ -167,9 +168,17 @@ async def get_exchange(
     return _exchange(row) if row is not None else None
 
 
-async def list_exchanges(conn: AsyncConnection, *, after: str | None, limit: int) -> list[Exchange]:
-    """Up to ``limit`` exchanges after ``after``, in byte order of their names."""
-    stmt = select(*_EXCHANGE_COLUMNS).order_by(_ex.c.name.collate("C")).limit(limit)
+async def list_exchanges(
+    conn: AsyncConnection, *, after: str | None, limit: int, contains: str | None = None
+) -> list[Exchange]:
+    """Up to ``limit`` exchanges after ``after``, in byte order of their names; only those
+    whose name contains ``contains``, when given."""
+    stmt = (
+        select(*_EXCHANGE_COLUMNS)
+        .where(name_contains(_ex.c.name, contains))
+        .order_by(_ex.c.name.collate("C"))
+        .limit(limit)
+    )
     if after is not None:
         stmt = stmt.where(_ex.c.name.collate("C") > after)
     return [_exchange(row) for row in await conn.execute(stmt)]
@@ -436,11 +445,15 @@ async def get_queue(conn: AsyncConnection, name: str) -> Queue | None:
     return _queue(row) if row is not None else None
 
 
-async def list_queues(conn: AsyncConnection, *, after: str | None, limit: int) -> list[Queue]:
-    """Up to ``limit`` queues after ``after``, in byte order of their names (no stats)."""
+async def list_queues(
+    conn: AsyncConnection, *, after: str | None, limit: int, contains: str | None = None
+) -> list[Queue]:
+    """Up to ``limit`` queues after ``after``, in byte order of their names (no stats); only
+    those whose name contains ``contains``, when given."""
     stmt = (
         select(*_QUEUE_COLUMNS)
         .select_from(_QUEUE_FROM)
+        .where(name_contains(_q.c.name, contains))
         .order_by(_q.c.name.collate("C"))
         .limit(limit)
     )

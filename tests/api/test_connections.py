@@ -88,6 +88,10 @@ def test_list_and_close_across_processes(pair: Pair) -> None:  # noqa: F811
             c["connection_id"] for c in listing(pair.rest_b, after=page["next_after"])["items"]
         ]
         assert page["next_after"] not in rest_ids
+        # ?contains= (contract §20): by username, case-sensitive
+        only = [c["connection_id"] for c in listing(pair.rest_a, contains=user)["items"]]
+        assert only == [id_b]
+        assert listing(pair.rest_a, contains=user.upper())["items"] == []
 
         # closed from the other process: 1008 within 5 s, its deliveries back in the queue
         started = time.monotonic()

@@ -205,7 +205,7 @@ def test_long_poll_ends_empty_after_wait_ms(adm: httpx.Client, q: str) -> None:
     started = time.monotonic()
     assert get(adm, q, wait_ms=400) == []
     elapsed = time.monotonic() - started
-    assert 0.39 <= elapsed < 1.5, elapsed
+    assert 0.39 <= elapsed < 3.0, elapsed  # upper bound: slack for a loaded machine
 
 
 def test_long_poll_returns_at_once_when_messages_exist(adm: httpx.Client, q: str) -> None:
@@ -213,7 +213,8 @@ def test_long_poll_returns_at_once_when_messages_exist(adm: httpx.Client, q: str
     publish(adm, q, "b")
     started = time.monotonic()
     assert [m["body"] for m in get(adm, q, max_messages=10, wait_ms=5000)] == ["a", "b"]
-    assert time.monotonic() - started < 1.0
+    # "at once": well inside the 5 s it would otherwise wait (slack for a loaded machine)
+    assert time.monotonic() - started < 2.5
 
 
 def test_long_poll_is_woken_by_a_publish(srv: LiveServer, adm: httpx.Client, q: str) -> None:
@@ -237,7 +238,8 @@ def test_long_poll_is_woken_by_a_publish(srv: LiveServer, adm: httpx.Client, q: 
     assert [m["body"] for m in result["messages"]] == ["wake up"]
     latency = result["done"] - published
     print(f"long poll woken {latency * 1000:.0f} ms after the publish call")
-    assert latency < 0.5
+    # woken by the publish, not by the end of its 5 s wait (slack for a loaded machine)
+    assert latency < 2.5
     assert result["elapsed"] < 3
     assert waiting_on(srv, qid) == 0
 
@@ -248,7 +250,7 @@ def test_long_poll_returns_a_delayed_message_when_due(adm: httpx.Client, q: str)
     messages = get(adm, q, wait_ms=3000)
     elapsed = time.monotonic() - started
     assert [m["body"] for m in messages] == ["soon"]
-    assert 0.49 <= elapsed <= 1.0, elapsed
+    assert 0.49 <= elapsed <= 2.5, elapsed  # when due, not at the end of the 3 s wait
 
 
 def test_pull_consumers_are_not_counted(srv: LiveServer, adm: httpx.Client, q: str) -> None:

@@ -399,3 +399,24 @@ async def test_diagnosis_and_connections_through_the_client(
         await top.close_connection("00000000-0000-0000-0000-000000000000")
     with pytest.raises(NotFound):
         await top.diagnose_queue("client-diag-missing")
+
+
+async def test_topology_lists_by_name_with_contains(mx: Client) -> None:
+    """§20 through the client: exchanges(), queues() and users() follow every page, and
+    ``contains`` keeps the names containing the text (case-sensitive)."""
+    top = mx.topology
+    for name in ("pyls-Cat", "pyls-cat", "pyls-bobcat", "pyls-dog"):
+        await top.declare_exchange(name, "fanout")
+        await top.declare_queue(name)
+    assert [e["name"] for e in await top.exchanges(contains="cat")] == ["pyls-bobcat", "pyls-cat"]
+    queues = await top.queues(contains="pyls-")
+    assert [q["name"] for q in queues] == ["pyls-Cat", "pyls-bobcat", "pyls-cat", "pyls-dog"]
+    assert queues[0]["stats"]["ready"] == 0
+    everything = await top.exchanges()
+    assert {"amq.direct", "pyls-dog"} <= {e["name"] for e in everything}
+    assert [u["username"] for u in await top.users(contains=ADMIN_USER)] == [ADMIN_USER]
+    from messagex_client.errors import BrokerError
+
+    with pytest.raises(BrokerError) as caught:
+        await top.queues(contains="no spaces")
+    assert caught.value.code == "validation_error"

@@ -147,6 +147,7 @@ async def test_a_queue_deleted_mid_publish_is_routed_around(db: Database, topolo
             rows = await execute(
                 topology,
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() "
                 "AND query LIKE '%INSERT INTO messages%' AND $1",
                 True,
             )
@@ -182,6 +183,7 @@ async def test_direct_publish_to_a_queue_deleted_mid_publish_is_404(
             rows = await execute(
                 topology,
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() "
                 "AND query LIKE '%INSERT INTO messages%' AND $1",
                 True,
             )

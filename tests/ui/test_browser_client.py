@@ -304,3 +304,35 @@ def test_diagnosis_and_connections_through_the_client(
         lambda: "reconnecting" in blank.evaluate("window.__t.states"),
         message="the client to see its connection closed",
     )
+
+
+def test_lists_by_name_with_contains_through_the_client(
+    blank: Page, token: str, rest: httpx.Client
+) -> None:
+    """§20 from the browser client: exchanges(), queues() and users() with `contains`."""
+    for name in ("bcl-Owl", "bcl-owl", "bcl-barnowl", "bcl-hen"):
+        assert rest.put(f"/exchanges/{name}", json={"type": "fanout"}).status_code == 201
+        queue(rest, name)
+    result = blank.evaluate(
+        """
+        async ({ token }) => {
+          const { Client } = await import('/static/messagex.js');
+          const mx = new Client({ token });
+          const exchanges = await mx.exchanges({ contains: 'owl' });
+          const queues = await mx.queues({ contains: 'bcl-' });
+          const all = await mx.exchanges();
+          const users = await mx.users({ contains: 'admi' });
+          let bad = null;
+          try { await mx.queues({ contains: 'a b' }); } catch (e) { bad = e.code; }
+          return { exchanges: exchanges.map((x) => x.name), queues: queues.map((q) => q.name),
+                   builtin: all.some((x) => x.name === 'amq.topic'),
+                   users: users.map((u) => u.username), bad };
+        }
+        """,
+        {"token": token},
+    )
+    assert result["exchanges"] == ["bcl-barnowl", "bcl-owl"]
+    assert result["queues"] == ["bcl-Owl", "bcl-barnowl", "bcl-hen", "bcl-owl"]
+    assert result["builtin"] is True
+    assert result["users"] == [ADMIN_USER]
+    assert result["bad"] == "validation_error"

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
-from app.api.schemas.common import Page
+from app.api.schemas.common import Contains, Page
 from app.api.schemas.topology import Limit
 from app.storage.connections import ConnectionRow
 
@@ -62,10 +62,14 @@ ConnectionCursor = Annotated[
     responses=problem_responses(401, 403, 422, 429, 503),
 )
 async def list_connections(
-    services: ServicesDep, user: UserDep, limit: Limit = 100, after: ConnectionCursor = None
+    services: ServicesDep,
+    user: UserDep,
+    limit: Limit = 100,
+    after: ConnectionCursor = None,
+    contains: Contains = None,
 ) -> Page[ConnectionOut]:
     rows, next_after = await services.connections.list(
-        user, limit=limit, after=None if after is None else str(after)
+        user, limit=limit, after=None if after is None else str(after), contains=contains or None
     )
     return Page(items=[ConnectionOut.of(r) for r in rows], next_after=next_after)
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
-from app.api.schemas.common import Page
+from app.api.schemas.common import Contains, Page
 from app.api.schemas.topology import ExchangeDeclare, ExchangeOut, Limit, NameCursor, PathName
 
 router = APIRouter(tags=["exchanges"])
@@ -59,8 +59,9 @@ async def list_exchanges(
     user: UserDep,
     limit: Limit = 100,
     after: NameCursor = None,
+    contains: Contains = None,
 ) -> Page[ExchangeOut]:
-    page = await services.topology.list_exchanges(user, limit=limit, after=after)
+    page = await services.topology.list_exchanges(user, limit=limit, after=after, contains=contains)
     return Page(items=[ExchangeOut.of(e) for e in page.items], next_after=page.next_after)
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
-from app.api.schemas.common import Page
+from app.api.schemas.common import Contains, Page
 from app.api.schemas.topology import Limit, NameCursor, PathName, Purged, QueueDeclare, QueueOut
 
 router = APIRouter(tags=["queues"])
@@ -59,8 +59,9 @@ async def list_queues(
     user: UserDep,
     limit: Limit = 100,
     after: NameCursor = None,
+    contains: Contains = None,
 ) -> Page[QueueOut]:
-    page = await services.topology.list_queues(user, limit=limit, after=after)
+    page = await services.topology.list_queues(user, limit=limit, after=after, contains=contains)
     return Page(items=[QueueOut.of(q) for q in page.items], next_after=page.next_after)
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Query, Response
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
 from app.api.schemas.auth import UserOut, UserPage, UserPut
-from app.api.schemas.common import Name
+from app.api.schemas.common import Contains, Name
 
 router = APIRouter(tags=["users"])
 
@@ -26,9 +26,13 @@ After = Annotated[Name | None, Query(description="Cursor: the last name of the p
     responses=problem_responses(401, 403, 422, 429, 503),
 )
 async def list_users(
-    user: UserDep, services: ServicesDep, limit: Limit = 100, after: After = None
+    user: UserDep,
+    services: ServicesDep,
+    limit: Limit = 100,
+    after: After = None,
+    contains: Contains = None,
 ) -> UserPage:
-    users, next_after = await services.auth.list_users(user, limit, after)
+    users, next_after = await services.auth.list_users(user, limit, after, contains)
     return UserPage(items=[UserOut.from_domain(u) for u in users], next_after=next_after)
 
 

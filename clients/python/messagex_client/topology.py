@@ -222,24 +222,41 @@ class Topology(MessageOperations):
         result: dict[str, Any] = await self._call("GET", "/diagnosis")
         return result
 
-    async def connections(self) -> list[dict[str, Any]]:
+    async def connections(self, *, contains: str | None = None) -> list[dict[str, Any]]:
         """``GET /connections`` (admin): every WebSocket connection on every broker process,
-        by connection id (all pages)."""
-        found: list[dict[str, Any]] = []
-        after: str | None = None
-        while True:
-            query: dict[str, Any] = {"limit": 1000}
-            if after is not None:
-                query["after"] = after
-            page = await self._call("GET", "/connections", query=query)
-            found.extend(page["items"])
-            after = page["next_after"]
-            if after is None:
-                return found
+        by connection id (all pages); ``contains``: only those whose username contains it."""
+        return await self._all_by_name("/connections", contains)
 
     async def close_connection(self, connection_id: str) -> None:
         """``DELETE /connections/{id}`` (admin): closed with 1008 within 5 s, wherever it is."""
         await self._call("DELETE", f"/connections/{quote(connection_id, safe='')}")
+
+    async def exchanges(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /exchanges``, all pages, by name: the exchanges you have some permission on;
+        ``contains`` keeps those whose name contains the text (case-sensitive, §20)."""
+        return await self._all_by_name("/exchanges", contains)
+
+    async def queues(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /queues``, all pages, by name (each with its ``stats``); ``contains`` as in
+        :meth:`exchanges`."""
+        return await self._all_by_name("/queues", contains)
+
+    async def users(self, *, contains: str | None = None) -> list[dict[str, Any]]:
+        """``GET /users``, all pages, by name (admin only); ``contains`` as in
+        :meth:`exchanges`."""
+        return await self._all_by_name("/users", contains)
+
+    async def _all_by_name(self, path: str, contains: str | None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": 1000}
+        if contains is not None:
+            query["contains"] = contains
+        while True:
+            page = await self._call("GET", path, query=query)
+            found.extend(page["items"])
+            if page["next_after"] is None:
+                return found
+            query["after"] = page["next_after"]
 
     async def _call(
         self,
