@@ -88,6 +88,8 @@ class _Plan:
     unroutable: int = 0
     #: copies the length rule did not store (x-overflow reject-publish*)
     rejected: int = 0
+    #: the queue of each of those copies
+    rejected_queues: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -443,6 +445,7 @@ class Publisher:
                     result.queues.remove(name)
                     result.rejected.append(name)
                     plan.rejected += 1
+                    plan.rejected_queues.append(queue_id)
                 index += 1
 
     async def _reserve_room(
@@ -552,7 +555,18 @@ class Publisher:
             self.metrics.routed_copies.inc(len(plan.copies) - plan.rejected)
         if plan.unroutable:
             self.metrics.unroutable.inc(plan.unroutable)
+        self._count_activity(plan)
         return plan.results
+
+    def _count_activity(self, plan: _Plan) -> None:
+        """The charts' per-queue published copies (``QueueActivity``)."""
+        activity = self.metrics.activity
+        activity.messages += len(plan.messages)
+        published = activity.published
+        for _, queue_id in plan.copies:
+            published[queue_id] = published.get(queue_id, 0) + 1
+        for queue_id in plan.rejected_queues:
+            published[queue_id] -= 1
 
     def _notify(self, queue_ids: set[int], delayed: dict[int, float]) -> None:
         """``delayed``: queue id → seconds, for queues with delayed copies (those that also

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.delivery import DeliveryEngine
+from app.broker.history import HistoryService
 from app.broker.inspection import MessageBrowser
 from app.broker.message_ops import MessageOps
 from app.broker.overview import OverviewService
@@ -18,6 +20,8 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.storage.database import Database
 from app.telemetry import Tracing, load_tracing
+
+log = logging.getLogger("messagex.services")
 
 #: expired sessions are deleted (and their sockets closed) this often
 SESSION_SWEEP_SECONDS = 60.0
@@ -43,6 +47,8 @@ class Services:
     pull: PullConsumers
     #: query, move and delete copies by filter (contract §17)
     message_ops: MessageOps
+    #: the charts' rate and depth history (sampled every MESSAGEX_HISTORY_INTERVAL_SECONDS)
+    history: HistoryService | None = None
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
     #: OpenTelemetry spans (MESSAGEX_TRACING), or None: the hot paths test only this
@@ -72,6 +78,8 @@ class Services:
             every(QUEUE_EXPIRY_SECONDS, self.topology.expire_idle_queues, "queue-expiry"),
             name="queue-expiry",
         )
+        if self.history is not None:
+            self.tasks.spawn(self.history.run(), name="history-sample")
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
         if isinstance(event, UserRevoked):
@@ -84,6 +92,11 @@ class Services:
         await self.delivery.stop()
         await self.publisher.close()
         await self.ops.close()
+        if self.history is not None:
+            try:
+                await self.history.flush()
+            except Exception as exc:  # the last seconds of activity are lost, nothing else
+                log.warning("history: last activity not written (%s)", type(exc).__name__)
 
 
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:
@@ -117,4 +130,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         pull=delivery.pull,
         tracing=tracing,
         message_ops=MessageOps(db, metrics, delivery.settlement.limits, delivery.on_published),
+        history=HistoryService(db, metrics, settings.history_interval_seconds),
     )

@@ -1,0 +1,161 @@
+"""The charts' history (GET /overview/history, /queues/{name}/history): rates summed over
+two broker processes sharing one database, depth sampled by one of them, nothing stored for
+idle queues. Both servers sample every second (MESSAGEX_HISTORY_INTERVAL_SECONDS=1)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.test_multiprocess import Pair, start_pair
+from tests.api.test_queues import assert_problem, sql
+from tests.support import PgCluster, client, login, wait_for
+from tests.wsclient import WsClient, declare_queue, make_user, publish
+
+_names = itertools.count()
+
+
+def fresh() -> str:
+    return f"hist{next(_names)}x{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
+    name = pg_cluster.create_database(template_db)
+    try:
+        yield pg_cluster.url_for(name)
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def pair(database: str) -> Iterator[Pair]:
+    with ExitStack() as stack:
+        yield start_pair(stack, database, history_interval_seconds=1)
+
+
+def history(c: httpx.Client, path: str) -> dict[str, Any]:
+    r = c.get(path)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def totals(body: dict[str, Any]) -> tuple[int, int, int]:
+    s = body["samples"]
+    return (
+        sum(x["published"] for x in s),
+        sum(x["delivered"] for x in s),
+        sum(x["acked"] for x in s),
+    )
+
+
+def last_depth(body: dict[str, Any]) -> dict[str, int] | None:
+    for sample in reversed(body["samples"]):
+        if sample["ready"] is not None:
+            return {k: sample[k] for k in ("ready", "delayed", "in_flight", "dead")}
+    return None
+
+
+def pull(c: httpx.Client, queue: str, n: int) -> list[str]:
+    r = c.post(f"/queues/{queue}/get", json={"max_messages": n})
+    assert r.status_code == 200, r.text
+    return [m["delivery_tag"] for m in r.json()["messages"]]
+
+
+def test_rates_are_summed_over_both_processes_and_depth_sampled_once(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    for i in range(3):
+        publish(pair.rest_a, q, i)
+    for i in range(2):
+        publish(pair.rest_b, q, i)
+    publish(pair.rest_a, q, "later", delay_ms=600_000)
+    tags_a = pull(pair.rest_a, q, 2)
+    tags_b = pull(pair.rest_b, q, 1)
+    assert len(tags_a) == 2 and len(tags_b) == 1
+    for tag in tags_a:
+        assert pair.rest_a.post(f"/deliveries/{tag}/ack").status_code == 204
+    with WsClient.admin(pair.b.ws_url) as ws:
+        ws.subscribe(q, 1)
+        for _ in range(2):  # the last two ready, one after the other (prefetch 1)
+            ws.ack(ws.delivery()["delivery_tag"])
+    # published 6 (one delayed), delivered 5 (pull 2 on a, pull 1 + push 2 on b), acked 4;
+    # the copy pulled on b is still in flight
+    want_rates = (6, 5, 4)
+    want_depth = {"ready": 0, "delayed": 1, "in_flight": 1, "dead": 0}
+    path = f"/queues/{q}/history"
+    deadline = time.monotonic() + 15
+    while True:  # poll until sampled, or fail showing what was seen
+        body = history(pair.rest_a, path)
+        seen = (totals(body), last_depth(body))
+        if seen == (want_rates, want_depth) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen == (want_rates, want_depth)
+    for rest in (pair.rest_a, pair.rest_b):  # either process answers the same
+        body = history(rest, path)
+        assert totals(body) == want_rates
+        assert last_depth(body) == want_depth
+        assert body["interval_seconds"] == 1
+        times = [datetime.fromisoformat(s["at"]) for s in body["samples"]]
+        assert len(times) == 600
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(times))
+    # one depth row per sample time, whichever process took it
+    dupes = sql(
+        pair.a.database_url,
+        "SELECT at FROM queue_samples WHERE queue_id IS NULL AND ready IS NOT NULL "
+        "GROUP BY at HAVING count(*) > 1",
+    )
+    assert dupes == []
+    overview = history(pair.rest_b, "/overview/history")
+    published, delivered, acked = totals(overview)
+    assert published >= 6 and delivered >= 5 and acked >= 4
+    depth = last_depth(overview)
+    assert depth is not None and depth["delayed"] >= 1 and depth["in_flight"] >= 1
+
+
+def test_an_idle_queue_costs_no_rows(pair: Pair) -> None:
+    idle, busy = fresh(), fresh()
+    declare_queue(pair.rest_a, idle)
+    declare_queue(pair.rest_a, busy)
+    publish(pair.rest_b, busy, "x")
+    wait_for(
+        lambda: totals(history(pair.rest_a, f"/queues/{busy}/history"))[0] == 1,
+        timeout=15,
+        interval=0.2,
+        message="the busy queue's publish to be sampled",
+    )
+    rows = sql(
+        pair.a.database_url,
+        "SELECT count(*) FROM queue_samples AS s JOIN queues AS q ON q.id = s.queue_id "
+        "WHERE q.name = $1",
+        idle,
+    )
+    assert rows[0][0] == 0
+    body = history(pair.rest_a, f"/queues/{idle}/history")
+    assert totals(body) == (0, 0, 0)
+    assert last_depth(body) == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
+
+
+def test_bad_requests_are_refused(pair: Pair) -> None:
+    q = fresh()
+    declare_queue(pair.rest_a, q)
+    assert_problem(pair.rest_a.get(f"/queues/{fresh()}/history"), 404, "not_found")
+    assert_problem(pair.rest_a.get("/queues/-bad-/history"), 422, "validation_error")
+    with client(pair.a.base_url) as anon:
+        assert anon.get("/overview/history").status_code == 401
+    user = fresh()
+    make_user(pair.rest_a, user, read=q)
+    with client(pair.a.base_url, login(pair.a.base_url, user, "user-password-1")) as c:
+        assert_problem(c.get("/overview/history"), 403, "forbidden")
+        assert_problem(c.get(f"/queues/{fresh()}/history"), 403, "forbidden")
+        assert history(c, f"/queues/{q}/history")["interval_seconds"] == 1
