@@ -81,7 +81,8 @@ def test_rates_are_summed_over_both_processes_and_depth_sampled_once(pair: Pair)
     publish(pair.rest_a, q, "later", delay_ms=600_000)
     tags_a = pull(pair.rest_a, q, 2)
     tags_b = pull(pair.rest_b, q, 1)
-    assert len(tags_a) == 2 and len(tags_b) == 1
+    assert len(tags_a) == 2
+    assert len(tags_b) == 1
     for tag in tags_a:
         assert pair.rest_a.post(f"/deliveries/{tag}/ack").status_code == 204
     with WsClient.admin(pair.b.ws_url) as ws:
@@ -118,9 +119,13 @@ def test_rates_are_summed_over_both_processes_and_depth_sampled_once(pair: Pair)
     assert dupes == []
     overview = history(pair.rest_b, "/overview/history")
     published, delivered, acked = totals(overview)
-    assert published >= 6 and delivered >= 5 and acked >= 4
+    assert published >= 6
+    assert delivered >= 5
+    assert acked >= 4
     depth = last_depth(overview)
-    assert depth is not None and depth["delayed"] >= 1 and depth["in_flight"] >= 1
+    assert depth is not None
+    assert depth["delayed"] >= 1
+    assert depth["in_flight"] >= 1
 
 
 def test_an_idle_queue_costs_no_rows(pair: Pair) -> None:
