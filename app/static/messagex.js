@@ -363,6 +363,21 @@ export class Client extends EventTarget {
     return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/delete`, body);
   }
 
+  // -- history (REST; the UI's charts, an addition beyond contract §20) -------------------
+  // Resolve with {interval_seconds, samples: [{at, published, delivered, acked, ready,
+  // delayed, in_flight, dead}]}: the last 10 minutes, oldest first; rates are counts per
+  // interval summed over every broker process, depths null where not sampled.
+
+  /** Broker-wide message rates and depths (admin). */
+  overviewHistory() {
+    return this._rest("GET", "/overview/history");
+  }
+
+  /** One queue's message rates and depths. */
+  queueHistory(name) {
+    return this._rest("GET", `/queues/${encodeURIComponent(name)}/history`);
+  }
+
   async _rest(method, path, body) {
     const url = new URL(this.url);
     url.protocol = url.protocol === "wss:" ? "https:" : "http:";

@@ -164,3 +164,27 @@ def test_bad_requests_are_refused(pair: Pair) -> None:
         assert_problem(c.get("/overview/history"), 403, "forbidden")
         assert_problem(c.get(f"/queues/{fresh()}/history"), 403, "forbidden")
         assert history(c, f"/queues/{q}/history")["interval_seconds"] == 1
+
+
+def test_rows_older_than_15_minutes_are_deleted(pair: Pair) -> None:
+    url = pair.a.database_url
+    sql(
+        url,
+        "INSERT INTO queue_samples (at, queue_id, published) "
+        "VALUES (now() - interval '16 minutes', NULL, 7), (now() - interval '14 minutes', NULL, 1)",
+    )
+
+    def swept() -> bool:
+        old = sql(
+            url,
+            "SELECT count(*) FROM queue_samples WHERE at < now() - interval '15 minutes 30 s'",
+        )[0][0]
+        return old == 0
+
+    wait_for(swept, timeout=10, interval=0.2, message="the old sample to be deleted")
+    kept = sql(
+        url,
+        "SELECT count(*) FROM queue_samples WHERE published = 1 AND queue_id IS NULL "
+        "AND at < now() - interval '13 minutes'",
+    )
+    assert kept[0][0] == 1
