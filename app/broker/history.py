@@ -10,7 +10,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from app.auth import permissions
@@ -79,7 +79,9 @@ class HistoryService:
             _merge(self.activity, taken)
             raise
         async with self.db.transaction() as conn:
-            await store.sample_depth(conn, when, timedelta(seconds=KEEP_SECONDS))
+            await store.sample_depth(
+                conn, when, timedelta(seconds=KEEP_SECONDS), float(self.interval)
+            )
 
     async def flush(self) -> None:
         """At shutdown: this process's last activity, as of the coming sample time (which
@@ -105,19 +107,39 @@ class HistoryService:
 
     async def _history(self, queue_id: int | None) -> History:
         """The last ``WINDOW_SECONDS`` of sample times, oldest first, each present: those
-        still being written (less than half an interval old, at most 2 s) are left out."""
+        still being written (less than half an interval old, at most 2 s) are left out. A
+        time between paced depth samples (``store.hold_of``) shows the last depth."""
         step = self.interval
         last = self._sample_time(time.time() - min(step / 2, 2.0))
         count = WINDOW_SECONDS // step
         first = last - (count - 1) * step
         async with self.db.connect() as conn:
-            found = await store.window(conn, queue_id, _utc(first))
+            # from further back: the depth sample that may still stand at ``first``
+            since = first - (KEEP_SECONDS - WINDOW_SECONDS)
+            found = await store.window(conn, queue_id, _utc(since), step)
         by_time = {b.at.timestamp(): b for b in found}
+        depth: Bucket | None = None  # the last depth sample, and until when it stands
+        until = 0.0
+        for b in found:
+            if b.at.timestamp() >= first:
+                break
+            if b.hold_seconds is not None:
+                depth, until = b, b.at.timestamp() + b.hold_seconds
         samples = []
         for i in range(count):
             at = first + i * step
-            bucket = by_time.get(at)
-            samples.append(bucket or Bucket(_utc(at), 0, 0, 0, None, None, None, None))
+            bucket = by_time.get(at) or Bucket(_utc(at), 0, 0, 0, None, None, None, None)
+            if bucket.hold_seconds is not None:
+                depth, until = bucket, at + bucket.hold_seconds
+            elif depth is not None and at < until:
+                bucket = replace(
+                    bucket,
+                    ready=depth.ready,
+                    delayed=depth.delayed,
+                    in_flight=depth.in_flight,
+                    dead=depth.dead,
+                )
+            samples.append(bucket)
         return History(interval_seconds=step, samples=samples)
 
 

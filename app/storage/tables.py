@@ -400,6 +400,8 @@ queue_samples = Table(
     Column("delayed", BigInteger, nullable=True),
     Column("in_flight", BigInteger, nullable=True),
     Column("dead", BigInteger, nullable=True),
+    # on the broker-wide depth row: how long the depth count took (it paces the next one)
+    Column("depth_ms", Integer, nullable=True),
 )
 Index(None, queue_samples.c.queue_id, queue_samples.c.at)
 Index(None, queue_samples.c.at)

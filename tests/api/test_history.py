@@ -4,6 +4,7 @@ idle queues. Both servers sample every second (MESSAGEX_HISTORY_INTERVAL_SECONDS
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -12,9 +13,12 @@ from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
+from app.storage.dsn import asyncpg_dsn
+from app.storage.history import DEPTH_LOCK_KEY
 from tests.api.test_multiprocess import Pair, start_pair
 from tests.api.test_queues import assert_problem, sql
 from tests.support import PgCluster, client, login, wait_for
@@ -178,8 +182,8 @@ def test_rows_older_than_15_minutes_are_deleted(pair: Pair) -> None:
         old = sql(
             url,
             "SELECT count(*) FROM queue_samples WHERE at < now() - interval '15 minutes 30 s'",
-        )[0][0]
-        return old == 0
+        )
+        return bool(old[0][0] == 0)
 
     wait_for(swept, timeout=10, interval=0.2, message="the old sample to be deleted")
     kept = sql(
@@ -188,3 +192,55 @@ def test_rows_older_than_15_minutes_are_deleted(pair: Pair) -> None:
         "AND at < now() - interval '13 minutes'",
     )
     assert kept[0][0] == 1
+
+
+def pace_last_depth_sample(url: str, depth_ms: int) -> datetime:
+    """Pretend the last depth count took ``depth_ms``, under the samplers' lock (so that no
+    sampler is between its check and its insert); returns its time."""
+
+    async def run() -> datetime:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", DEPTH_LOCK_KEY)
+                at: datetime = await conn.fetchval(
+                    "UPDATE queue_samples SET depth_ms = $1 WHERE queue_id IS NULL "
+                    "AND ready IS NOT NULL AND at = (SELECT max(at) FROM queue_samples "
+                    "WHERE queue_id IS NULL AND ready IS NOT NULL) RETURNING at",
+                    depth_ms,
+                )
+                return at
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def test_a_slow_depth_count_paces_the_next_and_its_depth_stands_meanwhile(pair: Pair) -> None:
+    """A depth count that took 250 ms waits 20 times that (5 s) before the next one; the
+    times in between show the last depth, not null."""
+    url = pair.a.database_url
+    wait_for(
+        lambda: sql(url, "SELECT 1 FROM queue_samples WHERE queue_id IS NULL AND ready >= 0"),
+        timeout=10,
+        interval=0.2,
+        message="a first depth sample",
+    )
+    paced = pace_last_depth_sample(url, 250)
+
+    def next_depth() -> datetime | None:
+        found = sql(
+            url,
+            "SELECT min(at) FROM queue_samples WHERE queue_id IS NULL AND ready IS NOT NULL "
+            "AND at > $1",
+            paced,
+        )
+        at: datetime | None = found[0][0]
+        return at
+
+    following = wait_for(next_depth, timeout=15, interval=0.2, message="the next depth sample")
+    assert following - paced >= timedelta(seconds=5)
+    samples = history(pair.rest_a, "/overview/history")["samples"]
+    between = [s for s in samples if paced < datetime.fromisoformat(s["at"]) < following]
+    assert len(between) >= 4
+    assert all(s["ready"] is not None for s in between)
