@@ -19,25 +19,19 @@ import pytest
 
 from app.storage.dsn import asyncpg_dsn
 from app.storage.history import DEPTH_LOCK_KEY
-from tests.api.test_multiprocess import Pair, start_pair
+from tests.api.test_multiprocess import Pair, database, start_pair
 from tests.api.test_queues import assert_problem, sql
-from tests.support import PgCluster, client, login, wait_for
+from tests.support import client, login, wait_for
 from tests.wsclient import WsClient, declare_queue, make_user, publish
 
 _names = itertools.count()
 
 
+__all__ = ["database"]  # the module's own database (a module-scoped fixture)
+
+
 def fresh() -> str:
     return f"hist{next(_names)}x{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(scope="module")
-def database(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
-    name = pg_cluster.create_database(template_db)
-    try:
-        yield pg_cluster.url_for(name)
-    finally:
-        pg_cluster.drop_database(name)
 
 
 @pytest.fixture(scope="module")
