@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     overview_max_age_ms: Annotated[int, Field(ge=0)] = 5000
     #: ``/metrics`` exports per-queue gauges for at most this many queues (the deepest); 0: none
     metrics_max_queues: Annotated[int, Field(ge=0, le=100_000)] = 1000
+    #: the charts' history samples message rates and queue depths this often (seconds; the
+    #: same on every broker process sharing the database)
+    history_interval_seconds: Annotated[int, Field(ge=1, le=60)] = 5
     #: OpenTelemetry spans for publish, delivery and settlement (needs ``messagex[otel]``)
     tracing: bool = False
     #: broker processes ``messagex serve`` runs on one port (each a whole broker)

@@ -25,6 +25,7 @@ from app.api.rest import (
     consume,
     diagnosis,
     exchanges,
+    history,
     message_ops,
     messages,
     ops,
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws_endpoint.router, prefix=API_PREFIX)
     app.include_router(ops.router)
     app.include_router(ops.api_router, prefix=API_PREFIX)
+    app.include_router(history.router, prefix=API_PREFIX)
     app.include_router(docs.router)  # Swagger UI at /docs (not in OpenAPI)
     ui.install(app)  # the web UI at / and its assets at /static (not in OpenAPI)
     # innermost: the body limit and the metrics apply to it; it finds its routes in app.routes

@@ -23,9 +23,39 @@ if TYPE_CHECKING:
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+class QueueActivity:
+    """This process's published copies, deliveries and acks per queue id since the last
+    sample (``broker/history.py`` takes them every few seconds): one dict update per queue
+    of a batch on the hot paths, no lock (one event loop)."""
+
+    __slots__ = ("acked", "delivered", "messages", "published")
+
+    def __init__(self) -> None:
+        self.published: dict[int, int] = {}
+        self.delivered: dict[int, int] = {}
+        self.acked: dict[int, int] = {}
+        #: messages accepted by publish calls (routed or not): the broker-wide published rate
+        self.messages = 0
+
+    @staticmethod
+    def add(counts: dict[int, int], queue_id: int, n: int = 1) -> None:
+        counts[queue_id] = counts.get(queue_id, 0) + n
+
+    def take(self) -> QueueActivity:
+        """The counts so far, leaving this one empty."""
+        taken = QueueActivity()
+        taken.published, self.published = self.published, {}
+        taken.delivered, self.delivered = self.delivered, {}
+        taken.acked, self.acked = self.acked, {}
+        taken.messages, self.messages = self.messages, 0
+        return taken
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        #: per-queue activity for the charts' history (not exported to Prometheus)
+        self.activity = QueueActivity()
         r = self.registry
         self.published = Counter(
             "messagex_messages_published", "Messages accepted by publish calls", registry=r

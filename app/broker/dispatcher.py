@@ -363,6 +363,8 @@ class Dispatcher:
         self.registry.advance(queue_id, len(claimed))
         if claimed:
             self.metrics.delivered.labels(via="websocket").inc(len(claimed))
+            activity = self.metrics.activity
+            activity.add(activity.delivered, queue_id, len(claimed))
 
 
 class HandOff:

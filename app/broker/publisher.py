@@ -95,6 +95,8 @@ class _Plan:
     rejected: int = 0
     #: copies not stored as duplicates (x-deduplication-window-seconds, contract §15)
     duplicates: int = 0
+    #: the queue of each copy not stored (rejected or duplicate), for the charts' counts
+    refused_queues: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -630,7 +632,18 @@ class Publisher:
             self.metrics.routed_copies.inc(stored)
         if plan.unroutable:
             self.metrics.unroutable.inc(plan.unroutable)
+        self._count_activity(plan)
         return plan.results
+
+    def _count_activity(self, plan: _Plan) -> None:
+        """The charts' per-queue published copies (``QueueActivity``)."""
+        activity = self.metrics.activity
+        activity.messages += len(plan.messages)
+        published = activity.published
+        for _, queue_id in plan.copies:
+            published[queue_id] = published.get(queue_id, 0) + 1
+        for queue_id in plan.refused_queues:
+            published[queue_id] -= 1
 
     def _notify(self, queue_ids: set[int], delayed: dict[int, float]) -> None:
         """``delayed``: queue id → seconds, for queues with delayed copies (those that also
@@ -719,6 +732,7 @@ def _mark(plans: list[_Plan], refused: set[int], infos: dict[int, QueueInfo], ki
                 result = plan.results[message]
                 name = infos[queue_id].name
                 result.queues.remove(name)
+                plan.refused_queues.append(queue_id)
                 if kind == "rejected":
                     result.rejected.append(name)
                     plan.rejected += 1

@@ -80,6 +80,9 @@ class PullConsumers:
                 remaining = deadline - loop.time()
                 if claimed or remaining <= 0:
                     self.metrics.delivered.labels(via="pull").inc(len(claimed))
+                    if claimed:
+                        activity = self.metrics.activity
+                        activity.add(activity.delivered, queue_id, len(claimed))
                     return claimed
                 due = await deliveries.seconds_until_due(self.db.hot, queue_id)
                 wait = min(remaining, self.poll_interval)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from app.auth.service import AuthService, SessionRevoked, UserRevoked
 from app.broker.connections import Connections
 from app.broker.delivery import DeliveryEngine
 from app.broker.diagnosis import Diagnosis
+from app.broker.history import HistoryService
 from app.broker.inspection import MessageBrowser
 from app.broker.message_ops import MessageOps
 from app.broker.overview import OverviewService
@@ -21,6 +23,8 @@ from app.metrics import Metrics
 from app.storage import sqlapi
 from app.storage.database import Database
 from app.telemetry import Tracing, load_tracing
+
+log = logging.getLogger("messagex.services")
 
 #: expired sessions are deleted (and their sockets closed) this often
 SESSION_SWEEP_SECONDS = 60.0
@@ -54,6 +58,8 @@ class Services:
     diagnosis: Diagnosis
     #: every process's WebSocket connections, for operators (contract §20)
     connections: Connections
+    #: the charts' rate and depth history (sampled every MESSAGEX_HISTORY_INTERVAL_SECONDS)
+    history: HistoryService | None = None
     #: the services' own periodic work (sweeps), apart from the delivery engine's
     tasks: TaskOwner = field(default_factory=TaskOwner)
     #: OpenTelemetry spans (MESSAGEX_TRACING), or None: the hot paths test only this
@@ -92,6 +98,8 @@ class Services:
             every(QUEUE_EXPIRY_SECONDS, self.topology.expire_idle_queues, "queue-expiry"),
             name="queue-expiry",
         )
+        if self.history is not None:
+            self.tasks.spawn(self.history.run(), name="history-sample")
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
         if isinstance(event, UserRevoked):
@@ -104,6 +112,11 @@ class Services:
         await self.delivery.stop()
         await self.publisher.close()
         await self.ops.close()
+        if self.history is not None:
+            try:
+                await self.history.flush()
+            except Exception as exc:  # the last seconds of activity are lost, nothing else
+                log.warning("history: last activity not written (%s)", type(exc).__name__)
 
 
 def build_services(settings: Settings, db: Database, database_url: str) -> Services:
@@ -139,4 +152,5 @@ def build_services(settings: Settings, db: Database, database_url: str) -> Servi
         message_ops=MessageOps(db, metrics, delivery.settlement.limits, delivery.on_published),
         diagnosis=Diagnosis(db, settings.ack_timeout_seconds),
         connections=Connections(db, delivery),
+        history=HistoryService(db, metrics, settings.history_interval_seconds),
     )

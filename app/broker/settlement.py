@@ -15,7 +15,7 @@ import asyncio
 import logging
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +240,7 @@ class Settlement:
                     continue
                 self.metrics.ack_statements.inc()
                 self.metrics.acked.inc(len(deleted))
+                self._count_acks(deleted.values())
                 left = set(deleted.values())
                 for _, tag, owner, group, index in batch:
                     # pop: the same tag twice in one batch is acked once, unknown the second time
@@ -250,6 +251,12 @@ class Settlement:
                 await self._release_groups(left)
         finally:
             self._flushing = False
+
+    def _count_acks(self, queue_ids: Iterable[int]) -> None:
+        """The charts' per-queue acks (``QueueActivity``)."""
+        acked = self.metrics.activity.acked
+        for queue_id in queue_ids:
+            acked[queue_id] = acked.get(queue_id, 0) + 1
 
     async def _grouped(self, queue_ids: set[int]) -> set[int]:
         """Those of ``queue_ids`` that have ``x-message-groups`` (cached per process)."""
@@ -289,6 +296,7 @@ class Settlement:
         if items:
             self.metrics.ack_statements.inc()
             self.metrics.acked.inc(len(deleted))
+            self._count_acks(by_tag.values())
             await self._release_groups(set(by_tag.values()))
         acked: list[str] = []
         unknown: list[str] = []

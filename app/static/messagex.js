@@ -365,6 +365,8 @@ export class Client extends EventTarget {
   deleteMessages(queue, filter = {}, { limit = 1000, dryRun = false } = {}) {
     const body = { filter, limit, dry_run: dryRun };
     return this._rest("POST", `/queues/${encodeURIComponent(queue)}/messages/delete`, body);
+  }
+
   // -- diagnosis (contract §19) and connections (§20) ----------------------------------
 
   /** Why is this queue stuck? {queue, checked_at, head, oldest_in_flight, consumers, findings}. */
@@ -389,6 +391,8 @@ export class Client extends EventTarget {
   /** Close a WebSocket connection wherever it is (admin): 1008 within 5 s. */
   closeConnection(connectionId) {
     return this._rest("DELETE", `/connections/${encodeURIComponent(connectionId)}`);
+  }
+
   // -- lists by name (REST; contract §1, §20) --------------------------------------------
 
   /** Every exchange you have some permission on, by name; `contains`: only the names that
@@ -420,6 +424,21 @@ export class Client extends EventTarget {
       after = page.next_after;
       if (after === null || after === undefined) return items;
     }
+  }
+
+  // -- history (REST; the UI's charts, an addition beyond contract §20) -------------------
+  // Resolve with {interval_seconds, samples: [{at, published, delivered, acked, ready,
+  // delayed, in_flight, dead}]}: the last 10 minutes, oldest first; rates are counts per
+  // interval summed over every broker process, depths null where not sampled.
+
+  /** Broker-wide message rates and depths (admin). */
+  overviewHistory() {
+    return this._rest("GET", "/overview/history");
+  }
+
+  /** One queue's message rates and depths. */
+  queueHistory(name) {
+    return this._rest("GET", `/queues/${encodeURIComponent(name)}/history`);
   }
 
   async _rest(method, path, body) {

@@ -5,6 +5,7 @@
 
 import { api, seg, metrics } from "./api.js";
 import { filterOperations } from "./message_ops.js";
+import { historyCharts } from "./charts.js";
 import {
   h, fill, append, route, link, json, field, checkbox, dl, table, formatTime, parseJsonField,
   nextId,
@@ -289,12 +290,15 @@ export function overviewView(main, _params, ctx) {
   const messages = h("div");
   const rates = h("div");
   const scope = h("p", { class: "hint" });
+  // the charts' history is broker-wide, for admins only (GET /overview/history)
+  const charts = ctx.user && ctx.user.role === "admin" ? historyCharts("/overview/history", ctx) : null;
   fill(
     main,
     heading("Overview"),
     scope,
     section("Broker", broker),
     section("Messages by status", messages),
+    charts && section("Last 10 minutes", charts.el),
     section("Rates", rates),
   );
 
@@ -354,6 +358,7 @@ export function overviewView(main, _params, ctx) {
     } catch (error) {
       ctx.showError(error, "Overview");
     }
+    if (charts) await charts.refresh();
   }
   refresh();
   return { refresh };
@@ -738,12 +743,14 @@ export function queueView(main, params, ctx) {
   const bindings = h("div");
   const browse = browser(name, ctx, () => refresh());
   const diagnosis = diagnosisPanel(name, ctx);
+  const charts = historyCharts(`/queues/${seg(name)}/history`, ctx);
   fill(
     main,
     heading(`Queue ${name}`),
     h("p", null, link("All queues", "queues")),
     section("Diagnosis", diagnosis.el),
     section("Statistics", stats),
+    section("Last 10 minutes", charts.el),
     section("Settings", settings),
     section("Actions", actions),
     section("Bindings to this queue", bindings, bindingForm(ctx, { queue: name }, () => loadBindings())),
@@ -823,6 +830,7 @@ export function queueView(main, params, ctx) {
       if ([403, 404, 422].includes(error.status)) gone = true;
       ctx.showError(error, `Queue ${name}`);
     }
+    if (!gone) await charts.refresh();
   }
 
   async function loadBindings() {

@@ -412,3 +412,27 @@ publish_settings = Table(
     _ts("updated_at"),
     CheckConstraint("id = 1", name="one_row"),
 )
+queue_samples = Table(
+    "queue_samples",
+    metadata,
+    # The charts' history (docs/decisions.md "Rate and depth history"): every few seconds
+    # each broker process with activity inserts one row per queue it saw activity on (its
+    # published copies, deliveries and acks since its last sample) and one broker-wide row
+    # (queue_id NULL); one process (the first to take the sample's advisory lock) inserts
+    # the depth by status of every queue holding copies, and the broker-wide depth (rows
+    # with ``ready`` not NULL). Readers sum per (queue, at). No foreign key: a deleted
+    # queue's rows are never read again and age out with the rest (about 15 minutes).
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("queue_id", BigInteger, nullable=True),
+    Column("published", BigInteger, nullable=False, server_default=text("0")),
+    Column("delivered", BigInteger, nullable=False, server_default=text("0")),
+    Column("acked", BigInteger, nullable=False, server_default=text("0")),
+    Column("ready", BigInteger, nullable=True),
+    Column("delayed", BigInteger, nullable=True),
+    Column("in_flight", BigInteger, nullable=True),
+    Column("dead", BigInteger, nullable=True),
+    # on the broker-wide depth row: how long the depth count took (it paces the next one)
+    Column("depth_ms", Integer, nullable=True),
+)
+Index(None, queue_samples.c.queue_id, queue_samples.c.at)
+Index(None, queue_samples.c.at)

@@ -62,7 +62,9 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 def ui_server(pg_cluster: PgCluster, template_db: str) -> Iterator[LiveServer]:
     name = pg_cluster.create_database(template_db)
     try:
-        with running_server(settings_for(pg_cluster.url_for(name))) as live:
+        # the charts' history sampled every second, so that tests see it soon
+        settings = settings_for(pg_cluster.url_for(name), history_interval_seconds=1)
+        with running_server(settings) as live:
             yield live
     finally:
         pg_cluster.drop_database(name)

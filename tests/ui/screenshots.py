@@ -8,6 +8,7 @@ in headless Chromium.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -52,6 +53,33 @@ def seed(rest: httpx.Client) -> None:
         rest.post("/exchanges/audit/publish", json={"body": {"event": "login", "n": n}})
 
 
+def traffic(rest: httpx.Client, seconds: float) -> None:
+    """Publish, consume and ack for ``seconds`` at changing rates, so that the charts of the
+    overview and of the queue pages have lines to draw (the broker samples every second)."""
+    deadline = time.monotonic() + seconds
+    tick = 0
+    while time.monotonic() < deadline:
+        tick += 1
+        burst = 3 + (tick * 7) % 11
+        rest.post(
+            "/exchanges/orders/publish-batch",
+            json={
+                "messages": [
+                    {"routing_key": "order.created", "body": {"order": 2000 + tick * 20 + i}}
+                    for i in range(burst)
+                ]
+            },
+        )
+        for queue, share in (("invoices", 0.6), ("audit.log", 1.0)):
+            got = rest.post(
+                f"/queues/{queue}/get", json={"max_messages": max(1, int(burst * share))}
+            ).json()["messages"]
+            tags = [m["delivery_tag"] for m in got]
+            for tag in tags[: max(0, len(tags) - 1)]:  # one of each pull stays in flight
+                rest.post(f"/deliveries/{tag}/ack")
+        time.sleep(0.5)
+
+
 def shoot(page: Page, name: str) -> None:
     page.wait_for_timeout(300)  # let the last paint land
     page.screenshot(path=str(OUT / f"{name}.png"), full_page=False)
@@ -64,9 +92,15 @@ def main() -> int:
     template = cluster.template()
     db = cluster.create_database(template)
     try:
-        with running_server(settings_for(cluster.url_for(db))) as server:
+        settings = settings_for(cluster.url_for(db), history_interval_seconds=1)
+        with running_server(settings) as server:
             with client(server.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as rest:
                 seed(rest)
+                rest.post(
+                    "/bindings",
+                    json={"exchange": "orders", "queue": "audit.log", "routing_key": "order.#"},
+                )
+                traffic(rest, 25)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1280, "height": 860})
@@ -77,13 +111,17 @@ def main() -> int:
                 log_in(page, server)
                 expect(stat(page, "messages-ready")).not_to_have_text("0")
                 page.wait_for_timeout(2200)  # a second /metrics sample for the rates
+                page.set_viewport_size({"width": 1280, "height": 1150})
+                expect(page.get_by_role("img", name="Message rates (per second)")).to_be_visible()
                 shoot(page, "overview")
+                page.set_viewport_size({"width": 1280, "height": 860})
                 go(page, "Queues")
                 expect(page.get_by_role("link", name="invoices", exact=True)).to_be_visible()
                 shoot(page, "queues")
                 page.get_by_role("link", name="invoices", exact=True).click()
                 page.locator("li.message").first.wait_for()
-                page.set_viewport_size({"width": 1280, "height": 1700})
+                expect(page.get_by_role("img", name="Queue depth (messages)")).to_be_visible()
+                page.set_viewport_size({"width": 1280, "height": 1900})
                 shoot(page, "queue")
                 page.set_viewport_size({"width": 1280, "height": 860})
                 page.goto(f"{server.base_url}/#/consume?queue=invoices")

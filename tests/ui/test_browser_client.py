@@ -336,3 +336,39 @@ def test_lists_by_name_with_contains_through_the_client(
     assert result["builtin"] is True
     assert result["users"] == [ADMIN_USER]
     assert result["bad"] == "validation_error"
+
+
+def test_history_through_the_client(blank: Page, token: str, rest: httpx.Client) -> None:
+    """overviewHistory() and queueHistory(name): the charts' history, sampled every second
+    on this broker; a missing queue rejects with not_found."""
+    name = queue(rest, "bc-history")
+    assert rest.post(f"/queues/{name}/messages", json={"body": 1}).status_code == 200
+    result = blank.evaluate(
+        """
+        async ({ token, name }) => {
+          const { Client } = await import('/static/messagex.js');
+          const mx = new Client({ token });
+          const deadline = Date.now() + 15000;
+          let q;
+          do {
+            q = await mx.queueHistory(name);
+            if (q.samples.some((s) => s.published === 1)) break;
+            await new Promise((resolve) => setTimeout(resolve, 200));
+          } while (Date.now() < deadline);
+          const o = await mx.overviewHistory();
+          let missing = null;
+          try { await mx.queueHistory('bc-history-none'); } catch (e) { missing = e.code; }
+          return { interval: q.interval_seconds, count: q.samples.length,
+                   published: q.samples.reduce((n, s) => n + s.published, 0),
+                   overview: o.samples.length, missing };
+        }
+        """,
+        {"token": token, "name": name},
+    )
+    assert result == {
+        "interval": 1,
+        "count": 600,
+        "published": 1,
+        "overview": 600,
+        "missing": "not_found",
+    }

@@ -51,7 +51,9 @@ def test_no_external_resources_and_no_html_parsing_of_data() -> None:
     """Everything is local (no CDN), and no script assigns HTML from strings."""
     sources = {p.name: p.read_text() for p in STATIC_DIR.iterdir() if p.is_file()}
     assert {"index.html", "app.js", "messagex.js", "style.css"} <= set(sources)
-    for name, text in sources.items():
+    for name, source in sources.items():
+        # the SVG namespace (charts.js: createElementNS) names no resource and loads nothing
+        text = source.replace('"http://www.w3.org/2000/svg"', "")
         assert "http://" not in text, name
         assert "https://" not in text, name
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):

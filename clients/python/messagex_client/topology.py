@@ -258,6 +258,20 @@ class Topology(MessageOperations):
                 return found
             query["after"] = page["next_after"]
 
+    async def overview_history(self) -> dict[str, Any]:
+        """Broker-wide message rates and depths of the last 10 minutes (admin):
+        ``{"interval_seconds", "samples": [{"at", "published", "delivered", "acked",
+        "ready", "delayed", "in_flight", "dead"}]}``, oldest first; rates are counts per
+        interval summed over every broker process, depths None where not sampled."""
+        result: dict[str, Any] = await self._call("GET", "/overview/history")
+        return result
+
+    async def queue_history(self, name: str) -> dict[str, Any]:
+        """One queue's message rates and depths of the last 10 minutes (as
+        ``overview_history``)."""
+        result: dict[str, Any] = await self._call("GET", f"/queues/{quote(name, safe='')}/history")
+        return result
+
     async def _call(
         self,
         method: str,
