@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import uuid
 from contextlib import ExitStack
@@ -320,3 +321,53 @@ def test_two_processes_racing_one_message_id_store_one_copy(database: str) -> No
         assert stats(rests[1], q)["ready"] == 2 * rounds
         ids = [m["message_id"] for m in browse(rests[1], q)]
         assert len(ids) == len(set(ids))
+
+
+def test_rest_racing_an_sql_publish_of_one_message_id_stores_one_copy(
+    srv: LiveServer, adm: httpx.Client
+) -> None:
+    """Contract §15 and §18: a REST publish and a ``messagex.publish_to_queue`` from an
+    application's own transaction, released together, store one copy between them."""
+    rounds = 30
+    q = windowed(adm)
+    barrier = threading.Barrier(2)
+    outcomes: list[tuple[int, str, str]] = []
+    lock = threading.Lock()
+
+    def rest_side() -> None:
+        for round_ in range(rounds):
+            barrier.wait(timeout=30)
+            r = adm.post(
+                f"/queues/{q}/messages",
+                json={"body": 1, "properties": {"message_id": f"x-{round_}"}},
+            )
+            assert r.status_code == 200, r.text
+            with lock:
+                outcomes.append((round_, "rest", "stored" if r.json()["queues"] else "duplicate"))
+
+    async def sql_side() -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(str(srv.settings.database_url)))
+        try:
+            for round_ in range(rounds):
+                await asyncio.to_thread(barrier.wait, 30)
+                result = await conn.fetchval(
+                    "SELECT messagex.publish_to_queue($1, '1', '{}', $2::jsonb)::text",
+                    q,
+                    f'{{"message_id": "x-{round_}"}}',
+                )
+                stored = q in json.loads(result)["queues"]
+                with lock:
+                    outcomes.append((round_, "sql", "stored" if stored else "duplicate"))
+        finally:
+            await conn.close()
+
+    rest = threading.Thread(target=rest_side)
+    rest.start()
+    asyncio.run(sql_side())
+    rest.join()
+    for round_ in range(rounds):
+        mine = sorted(o for r, _, o in outcomes if r == round_)
+        assert mine == ["duplicate", "stored"], (round_, mine)
+    assert stats(adm, q)["ready"] == rounds
+    winners = {side for _, side, o in outcomes if o == "stored"}
+    print(f"\nREST vs SQL: {rounds} races, stored by {sorted(winners)}")
