@@ -14,6 +14,7 @@ from app.broker.pull import PullConsumers
 from app.broker.subscriptions import Subscriptions
 from app.broker.tasks import TaskOwner, every
 from app.broker.topology import TopologyService
+from app.broker.xmin_watch import XminWatch
 from app.config import Settings
 from app.metrics import Metrics
 from app.storage.database import Database
@@ -72,6 +73,9 @@ class Services:
             every(QUEUE_EXPIRY_SECONDS, self.topology.expire_idle_queues, "queue-expiry"),
             name="queue-expiry",
         )
+        if self.settings.xmin_warn_seconds > 0:
+            watch = XminWatch(self.db, self.settings.xmin_warn_seconds)
+            self.tasks.spawn(every(watch.interval, watch.check, "xmin-watch"), name="xmin-watch")
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
         if isinstance(event, UserRevoked):
