@@ -148,12 +148,14 @@ def run_blackhole(database_url: str, logs: Path, hole_seconds: float, load: int)
     for p in during:
         key = f"{p.outcome}:{p.status}:{p.code}"
         outcomes[key] = outcomes.get(key, 0) + 1
+    refused = sorted(p.seconds or 0 for p in during if p.status == 503)
     listen_lost = [t - dropped_wall for t in _log_times(log, "LISTEN connection lost")]
     unavailable = [t - dropped_wall for t in _log_times(log, "database unavailable")]
     heartbeat = [t - dropped_wall for t in _log_times(log, "periodic task heartbeat failed")]
     print(
         f"black hole {hole_seconds:.0f} s: {len(during)} publishes met it, slowest "
-        f"{slowest:.2f} s (bound {PUBLISH_BOUND:.1f} s), outcomes {outcomes}; "
+        f"{slowest:.2f} s (bound {PUBLISH_BOUND:.1f} s), outcomes {outcomes}, 503s answered "
+        f"in {refused[0] if refused else -1:.2f} to {refused[-1] if refused else -1:.2f} s; "
         f"first 503 after {min(unavailable, default=-1):.2f} s; LISTEN lost after "
         f"{min(listen_lost, default=-1):.2f} s; heartbeat failed after "
         f"{min(heartbeat, default=-1):.2f} s; push {push_at - healed:.2f} s and /readyz "
