@@ -23,13 +23,12 @@ import pytest
 from tests.faults.checker import Ledger, Report, check
 from tests.faults.harness import (
     ADMIN,
-    Consumer,
-    Publisher,
     brokers,
     drain,
     join_all,
     queue_pair,
     remaining_rows,
+    steady_load,
 )
 from tests.faults.proxy import Blackhole
 from tests.support import wait_for
@@ -91,13 +90,9 @@ def run_blackhole(database_url: str, logs: Path, hole_seconds: float, load: int)
             specs = queue_pair(api, "bh", max_delivery_count=10)
         names = [s.name for s in specs]
         ledger, stop = Ledger(), threading.Event()
-        consumers = [Consumer(ledger, [a.ws_url], names, stop, prefetch=5) for _ in range(2)]
-        pubs = [
-            Publisher(ledger, [a.api], "bh", stop, count=load, seconds=120, pace=0.005, timeout=60)
-            for _ in range(3)
-        ]
-        for w in [*consumers, *pubs]:
-            w.start()
+        consumers, pubs = steady_load(
+            ledger, a, names, stop, publishers=3, count=load, seconds=120, pace=0.005, timeout=60
+        )
         wait_for(lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= 30, 20)
         connections_before = [c.connections for c in consumers]
 

@@ -24,8 +24,6 @@ import pytest
 from app.storage.dsn import asyncpg_dsn
 from tests.faults.checker import Ledger, Report, check
 from tests.faults.harness import (
-    Consumer,
-    Publisher,
     Worker,
     brokers,
     drain,
@@ -33,6 +31,7 @@ from tests.faults.harness import (
     queue_pair,
     remaining_rows,
     sql,
+    steady_load,
 )
 from tests.support import wait_for
 
@@ -131,26 +130,21 @@ def run_held_snapshot(
         names = [s.name for s in specs]
         ledger, stop, hold_stop = Ledger(), threading.Event(), threading.Event()
         total = 5 + hold_seconds + after_seconds + 30
-        consumers = [
-            Consumer(ledger, [a.ws_url], names, stop, prefetch=10, seconds=total) for _ in range(2)
-        ]
-        pubs = [
-            Publisher(
-                ledger,
-                [a.api],
-                "held",
-                stop,
-                count=10**6,
-                seconds=total,
-                pace=0.01,
-                body_bytes=1024,
-            )
-            for _ in range(2)
-        ]
         sampler = TableSampler(database_url, stop)
         holder = SnapshotHolder(database_url, hold_stop)
-        for w in [*consumers, *pubs, sampler]:
-            w.start()
+        sampler.start()
+        consumers, pubs = steady_load(
+            ledger,
+            a,
+            names,
+            stop,
+            prefetch=10,
+            consumer_seconds=total,
+            count=10**6,
+            seconds=total,
+            pace=0.01,
+            body_bytes=1024,
+        )
         started = time.monotonic()
         wait_for(lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= 50, 20)
         wait_for(lambda: time.monotonic() - started >= 5, 10)
@@ -161,7 +155,8 @@ def run_held_snapshot(
         # the broker names the holder once it is older than the threshold
         warned = wait_for(
             lambda: f"pid {holder.pid}," in a.log_text() and HOLDER_NAME in a.log_text(),
-            warn_seconds + 10,
+            # the threshold, then the next check (every 30 s or half the threshold), + slack
+            warn_seconds + min(30, warn_seconds / 2) + 10,
             message="the broker's warning about the held snapshot",
         )
         warned_after = time.monotonic() - held_at
