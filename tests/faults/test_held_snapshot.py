@@ -93,6 +93,20 @@ class TableSampler(Worker):
         return [s for s in self.samples if start <= s[0] < end]
 
 
+def vacuum(url: str) -> dict[str, float]:
+    """``VACUUM messages``: how long it took and the table's dead tuples before and after."""
+
+    def dead() -> int:
+        rows = sql(url, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'messages'")
+        return int(rows[0]["n_dead_tup"])
+
+    before = dead()
+    started = time.monotonic()
+    sql(url, "VACUUM messages")
+    seconds = round(time.monotonic() - started, 2)
+    return {"dead_before": before, "seconds": seconds, "dead_after": dead()}
+
+
 def _latencies(ledger: Ledger, start: float, end: float) -> list[float]:
     """publish→delivery seconds of the first deliveries of messages published in [start, end)."""
     with ledger.lock:
@@ -161,9 +175,14 @@ def run_held_snapshot(
         )
         warned_after = time.monotonic() - held_at
         wait_for(lambda: time.monotonic() - held_at >= hold_seconds, hold_seconds + 5)
+        # VACUUM while held removes nothing (what autovacuum would find)
+        held_vacuum = vacuum(database_url)
         hold_stop.set()
         join_all([holder], 10)
         released_at = time.monotonic()
+        # the cleanup autovacuum does once it gets to the table (the test server runs with
+        # autovacuum off, so the test runs it): now it removes what the snapshot kept
+        released_vacuum = vacuum(database_url)
         wait_for(lambda: time.monotonic() - released_at >= after_seconds, after_seconds + 5)
         stop.set()
         join_all([*pubs, *consumers, sampler], 60)
@@ -184,6 +203,8 @@ def run_held_snapshot(
     mid = held_at + hold_seconds / 2
     peak_dead = max((s[2] for s in during + after), default=0)
     figures = {
+        "vacuum_while_held": held_vacuum,
+        "vacuum_after_release": released_vacuum,
         "warned_after": warned_after,
         "latency_before": _describe(_latencies(ledger, started, held_at)),
         "latency_first_half": _describe(_latencies(ledger, held_at, mid)),
@@ -206,6 +227,9 @@ def run_held_snapshot(
     }
     print(f"held snapshot {hold_seconds:.0f} s: {figures}; {report.summary()}\n  {warning}")
     _assert_clean(report)
+    # the held snapshot was what kept the dead rows: the VACUUM after it removed most of them
+    assert held_vacuum["dead_after"] > held_vacuum["dead_before"] / 2, held_vacuum
+    assert released_vacuum["dead_after"] < held_vacuum["dead_after"] / 2, released_vacuum
     return figures
 
 
