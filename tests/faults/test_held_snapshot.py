@@ -6,7 +6,9 @@ consumers run. VACUUM can then remove none of the rows ACKed meanwhile. Asserted
 checker is clean (nothing lost, nothing delivered twice without a cause, claims correct), and
 the broker logs a warning naming the holder (MESSAGEX_XMIN_WARN_SECONDS). Reported: how
 publish→delivery latency, the messages table's size and its dead tuples change during the
-hold and after it ends.
+hold and after it ends. The test runs ``VACUUM messages`` as autovacuum would (the test
+server may run with autovacuum off): while the snapshot is held it must remove almost
+nothing, right after it ends almost everything.
 """
 
 from __future__ import annotations
