@@ -28,6 +28,7 @@ from tests.faults.harness import (
     join_all,
     queue_pair,
     remaining_rows,
+    rest_latency,
     steady_load,
 )
 from tests.faults.proxy import Blackhole
@@ -98,10 +99,13 @@ def run_blackhole(database_url: str, logs: Path, hole_seconds: float, load: int)
 
         hole.drop()
         dropped_wall = time.time()
-        time.sleep(0.001)
-        wait_for(
-            lambda: time.monotonic() - (hole.dropped_at or 0) >= hole_seconds, hole_seconds + 5
-        )
+        # /readyz and a REST read (the SQLAlchemy engine's path) during the hole
+        probes: list[tuple[str, int, float]] = []
+        with a.client(timeout=60) as probe:
+            while time.monotonic() - (hole.dropped_at or 0) < hole_seconds:
+                for path in ("/../../readyz", "/queues"):
+                    status, seconds = rest_latency(probe, path, timeout=60)
+                    probes.append((path, status, seconds))
         hole.heal()
         healed = hole.healed_at or 0.0
         dropped = hole.dropped_at or 0.0
@@ -158,7 +162,13 @@ def run_blackhole(database_url: str, logs: Path, hole_seconds: float, load: int)
         f"consumer reconnects {[c.connections for c in consumers]} (before "
         f"{connections_before}); {report.summary()}"
     )
+    print(
+        f"  probes during the hole: {len(probes)}, statuses "
+        f"{sorted({(p, st) for p, st, _ in probes})}, slowest {max(x for *_, x in probes):.2f} s"
+    )
     assert report.clean, report.summary()
+    assert {st for _, st, _ in probes} == {503}
+    assert max(x for *_, x in probes) < PUBLISH_BOUND
     # never a hang: every publish that met the black hole was answered within the bound
     assert slowest < PUBLISH_BOUND, slowest
     assert not [p for p in during if p.outcome == "unknown" and p.status is None]
