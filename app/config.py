@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     db_connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_pool_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_statement_timeout_ms: Annotated[int, Field(ge=0)] = 30_000
+    #: warn (log) when a snapshot held on the database (a session's transaction, a replication
+    #: slot) has kept VACUUM from cleaning up for longer than this; 0: never
+    xmin_warn_seconds: Annotated[float, Field(ge=0)] = 300.0
     migrate_on_start: bool = True
     #: at most this many concurrent publish calls share one INSERT (group commit); 1 = none
     publish_group_max: Annotated[int, Field(ge=1, le=1000)] = 256

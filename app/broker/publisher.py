@@ -272,6 +272,12 @@ class Publisher:
             self.metrics.publish_groups.inc()
         except Unavailable as exc:
             _fail(group, exc)
+            # The requests queued behind this group were not written: they get a plain 503
+            # now rather than each wait out the same dead link (a black-holed network costs
+            # a statement's command timeout and the in-doubt settle: seconds). A publish is
+            # thus answered within one group write's bound, never two (docs/reliability.md).
+            waiting, self._pending = self._pending, []
+            _fail(waiting, Unavailable())
             return
         except BrokerError as exc:
             if len(group) > 1:

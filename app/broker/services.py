@@ -18,6 +18,7 @@ from app.broker.pull import PullConsumers
 from app.broker.subscriptions import Subscriptions
 from app.broker.tasks import TaskOwner, every
 from app.broker.topology import TopologyService
+from app.broker.xmin_watch import XminWatch
 from app.config import Settings
 from app.metrics import Metrics
 from app.storage import sqlapi
@@ -100,6 +101,9 @@ class Services:
         )
         if self.history is not None:
             self.tasks.spawn(self.history.run(), name="history-sample")
+        if self.settings.xmin_warn_seconds > 0:
+            watch = XminWatch(self.db, self.settings.xmin_warn_seconds)
+            self.tasks.spawn(every(watch.interval, watch.check, "xmin-watch"), name="xmin-watch")
 
     async def _on_auth_event(self, event: UserRevoked | SessionRevoked) -> None:
         if isinstance(event, UserRevoked):

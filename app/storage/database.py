@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from app.storage import dsn, planner
 from app.storage.driver_errors import guard
-from app.storage.fastpath import HotPath
+from app.storage.fastpath import HotPath, command_timeout
 
 #: A connection as the layers above storage hold it (they never use SQLAlchemy themselves).
 Connection = AsyncConnection
@@ -43,7 +43,7 @@ def create_engine(
         pool_recycle=1800,
         connect_args={
             "timeout": connect_timeout,
-            "command_timeout": max(connect_timeout, statement_timeout_ms / 1000 + 5),
+            "command_timeout": command_timeout(connect_timeout, statement_timeout_ms),
             "server_settings": server_settings,
         },
     )

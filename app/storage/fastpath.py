@@ -26,6 +26,17 @@ from app.errors import BrokerError
 from app.storage import driver_errors, planner
 from app.storage.dsn import asyncpg_dsn
 
+#: how much longer than the server's statement timeout the client waits for an answer before
+#: it takes the connection for dead (a peer gone silent: no FIN, no RST); docs/reliability.md
+COMMAND_MARGIN_SECONDS = 2.0
+
+
+def command_timeout(connect_timeout: float, statement_timeout_ms: int) -> float:
+    """The client-side bound on any one statement: the server cancels it at its statement
+    timeout and answers; no answer by then plus ``COMMAND_MARGIN_SECONDS`` means the link is
+    gone, and waiting on would hang the request until TCP gives up (minutes)."""
+    return max(connect_timeout, statement_timeout_ms / 1000 + COMMAND_MARGIN_SECONDS)
+
 
 def use_fast_array_checks() -> bool:
     """Let asyncpg tell an array parameter's nested arrays by type, not by ABC: a patch of
@@ -127,6 +138,9 @@ class HotPath:
         self.size = size
         self.connect_timeout = connect_timeout
         self.acquire_timeout = acquire_timeout
+        #: a statement with no answer by then fails (TimeoutError → 503): see
+        #: ``command_timeout``; without it a silent network hangs the request
+        self.command_timeout = command_timeout(connect_timeout, statement_timeout_ms)
         self.server_settings = {"application_name": "messagex"}
         if statement_timeout_ms:
             self.server_settings["statement_timeout"] = str(statement_timeout_ms)
@@ -144,7 +158,7 @@ class HotPath:
                         min_size=0,
                         max_size=self.STABLE_SIZE if stable else self.size,
                         timeout=self.connect_timeout,
-                        command_timeout=None,
+                        command_timeout=self.command_timeout,
                         init=_init_connection,
                         # The hot path never leaves a transaction, LISTEN or advisory lock
                         # open, so the default reset (one more round trip per release) is
@@ -168,7 +182,15 @@ class HotPath:
             pool = await self._get_pool(stable)
             async with pool.acquire(timeout=self.acquire_timeout) as conn:
                 connected = True
-                yield conn
+                try:
+                    yield conn
+                except (TimeoutError, asyncio.CancelledError):
+                    # A statement cut short (no answer in time, or the caller gave up): the
+                    # connection is mid-query, or its link is dead. Closed now, it is not
+                    # handed out again, and the pool's release does not wait (without a
+                    # bound) for asyncpg's cancel request to get through.
+                    conn.terminate()
+                    raise
         except BrokerError:
             raise  # domain errors, including those callers mapped from constraints
         except Exception as exc:

@@ -522,6 +522,32 @@ class Consumer(Worker):
         self.held.clear()
 
 
+def steady_load(
+    ledger: Ledger,
+    broker: BrokerProc,
+    queues: list[str],
+    stop: threading.Event,
+    *,
+    consumers: int = 2,
+    publishers: int = 2,
+    prefetch: int = 5,
+    consumer_seconds: float = 60.0,
+    **publish: Any,
+) -> tuple[list[Consumer], list[Publisher]]:
+    """Acking WebSocket consumers of ``queues`` and publishers into ``queues[0]`` (with
+    ``publish``: count, seconds, pace, ...) on one broker, started."""
+    started_consumers = [
+        Consumer(ledger, [broker.ws_url], queues, stop, prefetch=prefetch, seconds=consumer_seconds)
+        for _ in range(consumers)
+    ]
+    started_publishers = [
+        Publisher(ledger, [broker.api], queues[0], stop, **publish) for _ in range(publishers)
+    ]
+    for w in [*started_consumers, *started_publishers]:
+        w.start()
+    return started_consumers, started_publishers
+
+
 def join_all(workers: Sequence[Worker], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     for w in workers:

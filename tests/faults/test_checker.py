@@ -141,3 +141,28 @@ def test_an_unknown_publish_may_or_may_not_be_stored() -> None:
     delivered(ledger, "m1")
     published(ledger, "m2", "unknown")
     assert judged(ledger).clean
+
+
+def test_a_publish_retried_after_no_answer_may_be_delivered_once_per_attempt() -> None:
+    ledger = Ledger()
+    record = ledger.invoked("m1", "q", "a")
+    ledger.published(record, "unknown", 503, "unavailable")
+    ledger.republished(record)  # the same message_id again: 200
+    delivered(ledger, "m1", 1, "acked")  # the first publish was stored after all
+    delivered(ledger, "m1", 1, "acked")  # and so was the retry
+    report = judged(ledger)
+    assert report.clean, report.summary()
+    assert report.stats["republished"] == 1
+    delivered(ledger, "m1", 1, "acked")  # a third copy of two publishes
+    assert judged(ledger).two_owners == [
+        "m1: 3 first deliveries of 2 publishes",
+        "m1: ACKED 3 times of 2 publishes",
+    ]
+
+
+def test_a_retried_publish_is_still_lost_when_never_delivered() -> None:
+    ledger = Ledger()
+    record = ledger.invoked("m1", "q", "a")
+    ledger.published(record, "unknown", 503, "unavailable")
+    ledger.republished(record)
+    assert judged(ledger).lost == ["m1"]

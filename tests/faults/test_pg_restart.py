@@ -19,14 +19,13 @@ import pytest
 from tests.faults.checker import Ledger, Report, check
 from tests.faults.harness import (
     ADMIN,
-    Consumer,
-    Publisher,
     TwinSampler,
     brokers,
     drain,
     join_all,
     queue_pair,
     remaining_rows,
+    steady_load,
 )
 from tests.faults.pg import OwnPostgres, migrate
 from tests.support import wait_for
@@ -68,14 +67,9 @@ def run_restart(
             specs = queue_pair(api, "pg", max_delivery_count=10)
         names = [s.name for s in specs]
         ledger, stop = Ledger(), threading.Event()
-        consumers = [Consumer(ledger, [a.ws_url], names, stop, prefetch=5) for _ in range(2)]
-        pubs = [
-            Publisher(ledger, [a.api], "pg", stop, count=load, seconds=60, pace=0.002)
-            for _ in range(2)
-        ]
+        consumers, pubs = steady_load(ledger, a, names, stop, count=load, seconds=60, pace=0.002)
         sampler = TwinSampler(ledger, url, names, stop)
-        for w in [*consumers, *pubs, sampler]:
-            w.start()
+        sampler.start()
         wait_for(lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= 30, 20)
 
         own_pg.stop_server(mode)
