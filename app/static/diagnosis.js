@@ -3,7 +3,7 @@
 // shown first, most severe first, with its message (what it means and what to do).
 
 import { api, seg } from "./api.js";
-import { h, fill, dl, table, formatTime, link, nextId } from "./dom.js";
+import { h, fill, dl, table, formatTime, link, nextId, filterBox } from "./dom.js";
 
 const BLOCKED = {
   null: "nothing: it is delivered as soon as a subscriber has credit",
@@ -127,10 +127,14 @@ export function healthView(main, _params, ctx) {
 /** Admin: every WebSocket connection on every process, with a close button each. */
 export function connectionsView(main, _params, ctx) {
   const list = h("div", { "aria-live": "polite" });
-  fill(main, heading("Connections"), h("p", null, "WebSocket connections on every broker process."), list);
+  // ?contains= (contract §20): a case-sensitive part of the username
+  const filter = filterBox("Filter connections by user", () => refresh());
+  fill(main, heading("Connections"), h("p", null, "WebSocket connections on every broker process."), filter.el, list);
   async function refresh() {
     try {
-      const page = await api("GET", "/connections", { query: { limit: 1000 } });
+      const query = { limit: 1000 };
+      if (filter.value) query.contains = filter.value;
+      const page = await api("GET", "/connections", { query });
       fill(list, page.items.length === 0
         ? h("p", null, "No WebSocket connection.")
         : table("Connections", ["Connection", "User", "From", "Process", "Connected", "Subscriptions", ""],

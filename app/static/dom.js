@@ -135,3 +135,23 @@ export function parseJsonField(text, fallback) {
     return { ok: false, error: e.message };
   }
 }
+
+/**
+ * A filter box for a list page: `?contains=` (contract §20), a case-sensitive part of the
+ * name. `onChange` runs (debounced) when the text changes; the caller goes back to the first
+ * page and reloads with `filter.value` as the query's `contains`.
+ */
+export function filterBox(label, onChange) {
+  const input = h("input", { type: "search", name: "contains", autocomplete: "off", spellcheck: "false" });
+  let timer = null;
+  input.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(onChange, 250);
+  });
+  return {
+    el: h("div", { class: "filter" }, field(label, input, "Case-sensitive; part of the name")),
+    get value() {
+      return input.value;
+    },
+  };
+}

@@ -8,7 +8,7 @@ import { filterOperations } from "./message_ops.js";
 import { historyCharts } from "./charts.js";
 import {
   h, fill, append, route, link, json, field, checkbox, dl, table, formatTime, parseJsonField,
-  nextId,
+  nextId, filterBox,
 } from "./dom.js";
 import { diagnosisPanel } from "./diagnosis.js";
 
@@ -225,26 +225,6 @@ function pager(onChange) {
       prev.disabled = state.index === 0;
       next.disabled = state.next === null;
       label.textContent = `Page ${state.index + 1}`;
-    },
-  };
-}
-
-/**
- * A filter box for a list page: `?contains=` (contract §20), a case-sensitive part of the
- * name. `onChange` runs (debounced) when the text changes; the caller goes back to the first
- * page and reloads with `filter.value` as the query's `contains`.
- */
-function filterBox(label, onChange) {
-  const input = h("input", { type: "search", name: "contains", autocomplete: "off", spellcheck: "false" });
-  let timer = null;
-  input.addEventListener("input", () => {
-    clearTimeout(timer);
-    timer = setTimeout(onChange, 250);
-  });
-  return {
-    el: h("div", { class: "filter" }, field(label, input, "Case-sensitive; part of the name")),
-    get value() {
-      return input.value;
     },
   };
 }

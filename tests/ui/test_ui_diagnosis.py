@@ -57,6 +57,11 @@ def test_connections_page_closes_a_connection(page: Page, ui_server: LiveServer)
         go(page, "Connections")
         row = page.get_by_role("row").filter(has_text=cid)
         expect(row).to_contain_text("127.0.0.1:")
+        # the filter box (?contains=, contract §20) keeps only the users it names
+        page.get_by_label("Filter connections by user").fill("nobody-such")
+        expect(page.get_by_text("No WebSocket connection.")).to_be_visible()
+        page.get_by_label("Filter connections by user").fill("")
+        expect(row).to_contain_text("127.0.0.1:")
         row.get_by_role("button", name=f"Close connection {cid}").click()
         expect(page.get_by_text(f"Connection {cid} closed")).to_be_visible()
         deadline = time.monotonic() + 5
