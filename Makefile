@@ -26,11 +26,11 @@ export UV_COMPILE_BYTECODE := 1
 
 # Extra arguments: `make test ARGS="tests/api -k queues"`, `make run ARGS="--port 9000"`.
 ARGS ?=
-# pytest-xdist workers for `make test` (0: one process, the default). The suite mostly
-# waits, so `make test TEST_WORKERS=3` runs it in about half the time, but on a loaded
-# 2-core machine a few multi-process tests still fail that way (docs/decisions.md), so CI
-# stays serial until they are fixed. CPU-heavy tests form groups (tests/conftest.py).
-TEST_WORKERS ?= 0
+# pytest-xdist workers for `make test` (0: one process). The suite mostly waits, so 3
+# workers run it in about half the time on 2 cores; CPU-heavy tests form groups that run one
+# at a time each (tests/conftest.py). CI runs 3 (.ci/run); `make test TEST_WORKERS=0` is
+# the serial run.
+TEST_WORKERS ?= 3
 
 .PHONY: help sync run db-url test lint openapi migrate bench clean distclean
 

@@ -15,7 +15,7 @@ into one queue (no consumer), from ``publishers`` concurrent clients:
   transaction and 100 per transaction.
 
 And the wake-up: ``sqlpublish sql idle``, one ``messagex.publish`` every 10 ms to a subscribed
-WebSocket consumer (prefetch 1): commit to delivery, beside ``mx idle`` (REST).
+WebSocket consumer (prefetch 1): commit to delivery, beside ``sqlpublish mx idle`` (REST).
 
 Ratios (in each result's ``extra``): SQL to REST and SQL to raw, at the same batch size.
 """
@@ -191,7 +191,11 @@ async def run(run: Run) -> None:
             label = "single" if batch == 1 else f"batch={batch}"
             await run.scenario(GROUP, f"sqlpublish {way} {label}", scenario(run, way, batch))
     await run.scenario(GROUP, "sqlpublish sql idle", idle(run))
-    await run.scenario("idle", "mx idle", mx.idle_latency(run.mx_settings(), run.cfg.idle_count))
+    await run.scenario(
+        GROUP,
+        "sqlpublish mx idle",
+        mx.idle_latency(run.mx_settings(), run.cfg.idle_count, name="sqlpublish mx idle"),
+    )
     add_ratios(run.results)
     for r in run.results:
         if r.group == GROUP and any(k.startswith("rate_ratio") for k in r.extra):

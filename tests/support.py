@@ -320,3 +320,17 @@ class Sql:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def dsn_as(url: str, user: str, database: str | None = None) -> str:
+    """``url`` (a broker DATABASE_URL, TCP or a Unix socket's ``?host=``) as an asyncpg DSN
+    that logs in as ``user`` (no password: the test servers trust local logins), to
+    ``database`` when given."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from app.storage.dsn import asyncpg_dsn
+
+    parts = urlsplit(asyncpg_dsn(url))
+    host = parts.netloc.rpartition("@")[2]
+    path = f"/{database}" if database is not None else parts.path
+    return urlunsplit((parts.scheme, f"{user}@{host}", path, parts.query, parts.fragment))

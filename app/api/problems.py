@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Match
 
 from app import errors
 
@@ -155,16 +155,21 @@ _METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
 
 def _allowed_methods(request: Request) -> str:
     """Every method some route serves on this path. Starlette's own ``Allow`` names only the
-    first route that matched the path (``/bindings`` has a GET route and a POST route)."""
-    routes = request.app.router.routes
-    allowed = [
-        method
-        for method in _METHODS
-        if any(
-            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
-        )
-    ]
-    return ", ".join(allowed)
+    first route that matched the path (``/bindings`` has a GET route and a POST route).
+
+    Only the most specific templates count: ``/queues/q/messages/move`` also fits
+    ``/queues/{name}/messages/{id}`` (whose GET would refuse ``move`` as an id with 422), but
+    the path is the ``…/messages/move`` route's, so ``Allow`` names POST alone."""
+    path = request.scope["path"]
+    found: dict[str, int] = {}
+    for route in iter_route_contexts(list(request.app.router.routes)):
+        if not route.path_regex.match(path):
+            continue
+        literal = len([part for part in (route.path or "").split("/") if "{" not in part])
+        for method in route.methods or ():
+            found[method] = max(found.get(method, -1), literal)
+    best = max(found.values(), default=-1)
+    return ", ".join(m for m in _METHODS if found.get(m) == best)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

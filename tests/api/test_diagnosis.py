@@ -270,7 +270,14 @@ def database_diagnosis(adm: httpx.Client) -> dict[str, Any]:
 
 def test_database_side(srv: LiveServer, adm: httpx.Client, snapshot_holder: int) -> None:
     me = srv.services.delivery.process_id
-    d = database_diagnosis(adm)
+
+    def reported() -> dict[str, Any] | None:
+        """The diagnosis once this process's heartbeat has reported its pool (every 2 s)."""
+        found = database_diagnosis(adm)
+        mine = [p for p in found["processes"] if p["id"] == me]
+        return found if mine and mine[0]["pool_size"] is not None else None
+
+    d = wait_for(reported, 10, 0.1, "the process's pool use reported")
     assert d["bloat"]["live_tuples"] >= 0
     assert 0 <= d["notify_queue_usage"] < 0.5
     (proc,) = [p for p in d["processes"] if p["id"] == me]

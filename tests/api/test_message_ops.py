@@ -159,6 +159,11 @@ def corpus(srv: LiveServer, adm: httpx.Client) -> str:
         ({"headers": {}}, ["a", "b", "c", "d", "e"]),
         ({"published_before": "2021-01-01T00:00:00Z"}, ["a"]),
         ({"published_after": "2021-01-01T00:00:00+01:00"}, ["b", "c", "d", "e"]),
+        # bounds that exclude every instant match nothing (not a 422)
+        (
+            {"published_after": "2024-01-02T00:00:00Z", "published_before": "2024-01-01T00:00:00Z"},
+            [],
+        ),
         ({"min_delivery_count": 1}, ["d"]),
         ({"min_delivery_count": 0}, ["a", "b", "c", "d", "e"]),
         ({"death_reason": "expired"}, ["d"]),
@@ -420,15 +425,6 @@ def test_delete_by_filter(srv: LiveServer, adm: httpx.Client) -> None:
         ("query", {"filter": {"headers": {"k": "a\u0000b"}}}),
         ("query", {"filter": {"published_after": "yesterday"}}),
         ("query", {"filter": {"published_after": "2024-01-01T00:00:00"}}),  # no offset
-        (
-            "query",
-            {
-                "filter": {
-                    "published_after": "2024-01-02T00:00:00Z",
-                    "published_before": "2024-01-01T00:00:00Z",
-                }
-            },
-        ),
         ("query", {"filter": {"min_delivery_count": -1}}),
         ("query", {"filter": {"min_delivery_count": "2"}}),
         ("query", {"filter": {"death_reason": "bored"}}),

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from app.storage.dsn import asyncpg_dsn
-from tests.support import LiveServer, Sql, running_server, wait_for
+from tests.support import LiveServer, Sql, dsn_as, running_server, wait_for
 from tests.support import test_settings as settings_for
 from tests.wsclient import WsClient, bind, browse, declare_queue, stats
 
@@ -463,8 +463,7 @@ def test_an_application_role_needs_only_usage_and_execute_and_cannot_hijack(
             messagex.ack(text)
         TO {role};
     """)
-    dsn = asyncpg_dsn(srv.database_url).rsplit("/", 1)[0].replace("postgres@", f"{role}@", 1)
-    app = Sql(f"{dsn}/{database}", codec=False)
+    app = Sql(dsn_as(srv.database_url, role, database), codec=False)
     try:
         # its own look-alikes, first in its search_path and in pg_temp
         app.exec(f"""

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from app.storage.dsn import asyncpg_dsn
-from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, client
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, client, dsn_as
 
 #: how long a delivery that must come may take (it comes in milliseconds)
 DELIVERY_DEADLINE = 10.0
@@ -251,7 +251,7 @@ async def test_an_application_role_with_only_the_grants_uses_the_helpers(
     try:
         with client(broker.base_url, auth=(ADMIN_USER, ADMIN_PASSWORD)) as rest:
             assert rest.put(f"/queues/{queue}", json={}).status_code == 201
-        url = asyncpg_dsn(broker.database_url).replace("postgres@", f"{role}@", 1)
+        url = dsn_as(broker.database_url, role)
         app = await asyncpg.connect(url)
         try:
             async with app.transaction():

@@ -41,8 +41,16 @@ def _reading(writer: asyncio.StreamWriter, on: bool) -> None:
 
 
 class Blackhole:
-    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        upstream_host: str = "127.0.0.1",
+        *,
+        socket_path: str | None = None,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        #: a Unix socket to forward to instead of ``upstream`` (the embedded PostgreSQL)
+        self.socket_path = socket_path
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self._flowing: asyncio.Event | None = None
@@ -96,6 +104,17 @@ class Blackhole:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
+    @classmethod
+    def in_front_of(cls, database_url: str) -> Blackhole:
+        """A proxy to the server of ``database_url``: over TCP, or over its Unix socket when
+        the URL names a socket directory (``?host=/dir``, as the embedded PostgreSQL's)."""
+        parts = urlsplit(database_url)
+        port = parts.port or 5432
+        directory = dict(parse_qsl(parts.query)).get("host")
+        if not parts.hostname and directory and directory.startswith("/"):
+            return cls(port, socket_path=f"{directory}/.s.PGSQL.{port}")
+        return cls(port, parts.hostname or "127.0.0.1")
+
     def url_for(self, database_url: str) -> str:
         """``database_url`` (postgresql://user@host:port/db) pointed at this proxy (a ``host``
         query parameter, a Unix socket directory, is dropped: the proxy is TCP)."""
@@ -147,7 +166,10 @@ class Blackhole:
             _reading(writer, False)
         try:
             await self._flow().wait()  # a connection made during the black hole waits
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            if self.socket_path is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             writer.transport.abort()
             self._writers.discard(writer)

@@ -15,7 +15,6 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -71,9 +70,8 @@ def _retry_in_doubt(ledger: Ledger, api: httpx.Client) -> int:
 
 
 def run_blackhole(database_url: str, logs: Path, hole_seconds: float, load: int) -> Report:
-    upstream = urlsplit(database_url).port or 5432
     with (
-        Blackhole(upstream) as hole,
+        Blackhole.in_front_of(database_url) as hole,
         brokers(
             hole.url_for(database_url),
             logs,

@@ -16,6 +16,9 @@ from app.api.schemas.message_ops import (
 )
 from app.api.schemas.messages import PathName, StoredMessagePage
 
+#: the largest message id (a bigint)
+MAX_ID = 2**63 - 1
+
 router = APIRouter(tags=["messages"])
 
 _FILTER_DOC = (
@@ -43,7 +46,11 @@ async def query_messages(
     name: PathName, body: QueryBody, services: ServicesDep, user: UserDep
 ) -> Response:
     items, next_after = await services.message_ops.query(
-        user, name, body.filter.to_filter(), limit=body.limit, after=body.after
+        user,
+        name,
+        body.filter.to_filter(),
+        limit=body.limit,
+        after=None if body.after is None else min(body.after, MAX_ID),
     )
     return Response(codec.browse_page(items, next_after), media_type="application/json")
 

@@ -54,7 +54,9 @@ async def browse_messages(
 
 
 @router.get(
-    "/queues/{name}/messages/{id}",
+    # {id:int}: only digits, so that §17's /messages/query, /move and /delete are never taken
+    # for a message id (their other methods are 405, as the document says)
+    "/queues/{name}/messages/{id:int}",
     name="get_message",
     summary="Read one stored message",
     description="Whatever its status. Needs read on the queue.",
@@ -70,7 +72,7 @@ async def get_message(
 
 
 @router.delete(
-    "/queues/{name}/messages/{id}",
+    "/queues/{name}/messages/{id:int}",
     name="delete_message",
     summary="Delete one stored message",
     description=(

@@ -5,7 +5,7 @@ One filter model for query, move and delete; unknown keys anywhere are 422.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, Field, StrictBool, StrictInt, field_validator
 
@@ -50,7 +50,8 @@ class MessageFilterBody(StrictModel):
             description=(
                 "Compared as a headers binding with `x-match: all` (JSON value and type: "
                 '`1` ≠ `"1"`); keys starting with `x-` are refused (422)'
-            )
+            ),
+            json_schema_extra={"propertyNames": {"pattern": "^(?!x-)"}},
         ),
     ] = None
     message_ids: Annotated[
@@ -83,7 +84,7 @@ class MessageFilterBody(StrictModel):
     def to_filter(self) -> MessageFilter:
         """The domain filter; ValidationFailed for what the schema cannot say."""
         return build_filter(
-            statuses=self.status,
+            statuses=None if self.status is None else [BrowseStatus(s) for s in self.status],
             routing_key=self.routing_key,
             headers=self.headers,
             message_ids=self.message_ids,
@@ -94,7 +95,25 @@ class MessageFilterBody(StrictModel):
         )
 
 
+class SettleFilterBody(MessageFilterBody):
+    """The filter of a move or delete: as a query's, but never in flight (contract §17)."""
+
+    # a narrower list than the query's (pydantic validates the override; mypy sees a clash)
+    status: Annotated[
+        list[Literal["ready", "delayed", "dead"]] | None,
+        Field(
+            min_length=1,
+            max_length=3,
+            description=(
+                "Statuses to match (default all three; `delayed` = ready but not yet due). "
+                "A move or delete never touches a copy in flight."
+            ),
+        ),
+    ] = None  # type: ignore[assignment]
+
+
 _FILTER = Field(default_factory=MessageFilterBody, description="The copies to act on")
+_SETTLE_FILTER = Field(default_factory=SettleFilterBody, description="The copies to act on")
 _DRY_RUN = Field(description="Only count: change nothing")
 
 
@@ -103,12 +122,14 @@ class QueryBody(StrictModel):
     limit: Annotated[StrictInt, Field(ge=1, le=1000, description="Page size")] = 100
     after: Annotated[
         StrictInt | None,
-        Field(ge=0, le=2**63 - 1, description="`next_after` of the previous page"),
+        # No upper bound in the schema (a JSON reader's doubles cannot hold 2**63 - 1 exactly,
+        # so clients would disagree about it): past the largest id, a page is simply empty.
+        Field(ge=0, description="`next_after` of the previous page"),
     ] = None
 
 
 class MoveBody(StrictModel):
-    filter: MessageFilterBody = _FILTER
+    filter: SettleFilterBody = _SETTLE_FILTER
     to: Annotated[
         str | None,
         Field(
@@ -127,7 +148,7 @@ class MoveBody(StrictModel):
 
 
 class DeleteBody(StrictModel):
-    filter: MessageFilterBody = _FILTER
+    filter: SettleFilterBody = _SETTLE_FILTER
     limit: Annotated[
         StrictInt, Field(ge=1, le=MAX_OPERATION_LIMIT, description="The most copies deleted")
     ] = 1000
