@@ -482,6 +482,7 @@ async def idle_latency(
     *,
     via: IdlePublish | None = None,
     name: str = "mx idle 1 msg/10 ms",
+    group: str = "idle",
 ) -> Result:
     """One message every 10 ms to a subscribed consumer (prefetch 1); the publisher is a raw
     keep-alive HTTP connection (RawHttp), or ``via``, the consumer a WebSocket."""
@@ -511,7 +512,7 @@ async def idle_latency(
         status = await race(sink.done, [consumer, publisher], s.deadline + count * interval)
         confirms = publisher.result() if publisher.done() and not publisher.cancelled() else []
         status, note = await _finish(s, queue, status, [consumer, publisher], sink)
-        result = throughput_result("idle", name, params, sink, started, status)
+        result = throughput_result(group, name, params, sink, started, status)
         result.rate = None
         result.cpu_s_per_1k = s.meters.per_1k(sink.received)
         result.extra["publish_confirm_ms"] = latency_summary(confirms)

@@ -148,7 +148,11 @@ async def idle(run: Run) -> Result:
 
     try:
         result = await mx.idle_latency(
-            run.mx_settings(), run.cfg.idle_count, via=via, name="sqlpublish sql idle"
+            run.mx_settings(),
+            run.cfg.idle_count,
+            via=via,
+            name="sqlpublish sql idle",
+            group=GROUP,
         )
     finally:
         await conn.close()
@@ -194,7 +198,9 @@ async def run(run: Run) -> None:
     await run.scenario(
         GROUP,
         "sqlpublish mx idle",
-        mx.idle_latency(run.mx_settings(), run.cfg.idle_count, name="sqlpublish mx idle"),
+        mx.idle_latency(
+            run.mx_settings(), run.cfg.idle_count, name="sqlpublish mx idle", group=GROUP
+        ),
     )
     add_ratios(run.results)
     for r in run.results:

@@ -129,7 +129,9 @@ def test_pull_get_is_409_while_a_subscription_is_active(srv: LiveServer, adm: ht
         assert ws.nack(d["delivery_tag"])["outcome"] == "requeued"
     # no subscription: pull works again (the close has committed by the time stats says so)
     wait_for(lambda: stats(adm, q)["consumers"] == 0, 3)
-    r = adm.post(f"/queues/{q}/get", json={"max_messages": 1})
+    # the requeued copy may have gone back out to the closing socket: a long poll waits for
+    # its release
+    r = adm.post(f"/queues/{q}/get", json={"max_messages": 1, "wait_ms": 5000})
     assert r.status_code == 200, r.text
     assert [m["body"] for m in r.json()["messages"]] == ["x"]
 
