@@ -37,7 +37,7 @@ from app.domain.diagnosis import (
     XminHolder,
 )
 from app.domain.presence import PROCESS_STALE_AFTER
-from app.storage import queries
+from app.storage import health, queries
 
 #: ready copies in claim order looked at for poison ones
 POISON_SCAN = 1000
@@ -261,19 +261,6 @@ WHERE relid = 'messages'::regclass
 """)
 # The oldest open transactions on this database that hold a snapshot or an xid (they hold
 # back vacuum's horizon), this session's own left out.
-XMIN_TRANSACTIONS = text("""
-SELECT pid, application_name, state, now() - xact_start FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
-  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-ORDER BY xact_start LIMIT :n
-""")
-XMIN_SLOTS = text("""
-SELECT slot_name, active, active_pid, greatest(age(xmin), age(catalog_xmin))
-FROM pg_replication_slots
-WHERE (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)
-  AND (database IS NULL OR database = current_database())
-ORDER BY 4 DESC
-""")
 # Every process row, and whether the LISTEN backend its last heartbeat named still exists.
 PROCESSES = text("""
 SELECT p.id::text, p.hostname, p.pid, p.started_at, p.heartbeat_at, p.listen_pid,
@@ -295,23 +282,28 @@ async def bloat(conn: AsyncConnection) -> Bloat | None:
 
 
 async def xmin_holders(conn: AsyncConnection, n: int = 5) -> list[XminHolder]:
-    out = [
-        XminHolder("transaction", r[0], r[1], r[2], r[3])
-        for r in await conn.execute(XMIN_TRANSACTIONS, {"n": n})
-    ]
-    for r in await conn.execute(XMIN_SLOTS):
-        out.append(
-            XminHolder(
-                "replication_slot",
-                r[2],
-                None,
-                "active" if r[1] else "inactive",
-                None,
-                slot_name=r[0],
-                xmin_age=r[3],
-            )
+    """The oldest holders of cleanup (storage/health.py's one query), as diagnosis shows them."""
+    return [
+        XminHolder(
+            "replication_slot",
+            h.pid,
+            None,
+            h.state,
+            None,
+            slot_name=h.name,
+            xmin_age=h.xid_age,
         )
-    return out
+        if h.kind == "replication slot"
+        else XminHolder(
+            "transaction",
+            h.pid,
+            h.name,
+            h.state,
+            None if h.age_seconds is None else timedelta(seconds=h.age_seconds),
+            xmin_age=h.xid_age,
+        )
+        for h in await health.xmin_holders(conn, n)
+    ]
 
 
 async def processes(conn: AsyncConnection) -> list[ProcessFacts]:

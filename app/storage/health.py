@@ -15,17 +15,20 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-#: Sessions of this database holding a snapshot (autovacuum workers excepted: VACUUM ignores
-#: their xmin) and replication slots holding one, the oldest first (by transaction-id age).
-#: A session's age is that of its transaction; a slot has no start time (age_seconds NULL).
-OLDEST_XMIN_HOLDER = text("""
+#: Sessions of this database holding back cleanup (a snapshot, ``backend_xmin``, or a
+#: transaction id of their own, ``backend_xid``; autovacuum workers excepted: VACUUM ignores
+#: their xmin) and replication slots holding an xmin, the oldest first (by transaction-id
+#: age). A session's age is that of its transaction; a slot has no start time (age_seconds
+#: NULL). The one query behind both the xmin watch (:n = 1) and diagnosis (contract §19).
+XMIN_HOLDERS = text("""
 SELECT kind, pid, name, state, age_seconds, xid_age FROM (
     SELECT 'session' AS kind, pid, application_name AS name, state,
            extract(epoch FROM now() - coalesce(xact_start, query_start, backend_start))::float8
                AS age_seconds,
-           age(backend_xmin) AS xid_age
+           greatest(age(backend_xmin), age(backend_xid)) AS xid_age
     FROM pg_stat_activity
-    WHERE datname = current_database() AND backend_xmin IS NOT NULL
+    WHERE datname = current_database()
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
       AND pid <> pg_backend_pid() AND backend_type <> 'autovacuum worker'
     UNION ALL
     SELECT 'replication slot', active_pid, slot_name, CASE WHEN active THEN 'active'
@@ -36,7 +39,7 @@ SELECT kind, pid, name, state, age_seconds, xid_age FROM (
       AND (database IS NULL OR database = current_database())
 ) holders
 ORDER BY xid_age DESC
-LIMIT 1
+LIMIT :n
 """)
 
 
@@ -54,16 +57,22 @@ class XminHolder:
     xid_age: int
 
 
+async def xmin_holders(conn: AsyncConnection, n: int) -> list[XminHolder]:
+    """The ``n`` oldest holders of a snapshot blocking cleanup on this database."""
+    return [
+        XminHolder(
+            kind=row.kind,
+            pid=row.pid,
+            name=row.name or "",
+            state=row.state,
+            age_seconds=row.age_seconds,
+            xid_age=int(row.xid_age),
+        )
+        for row in await conn.execute(XMIN_HOLDERS, {"n": n})
+    ]
+
+
 async def oldest_xmin_holder(conn: AsyncConnection) -> XminHolder | None:
     """The oldest snapshot blocking cleanup on this database, or None when nothing holds one."""
-    row = (await conn.execute(OLDEST_XMIN_HOLDER)).first()
-    if row is None:
-        return None
-    return XminHolder(
-        kind=row.kind,
-        pid=row.pid,
-        name=row.name or "",
-        state=row.state,
-        age_seconds=row.age_seconds,
-        xid_age=int(row.xid_age),
-    )
+    holders = await xmin_holders(conn, 1)
+    return holders[0] if holders else None
