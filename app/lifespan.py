@@ -29,6 +29,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             connect_timeout=settings.db_connect_timeout_seconds,
             pool_timeout=settings.db_pool_timeout_seconds,
             statement_timeout_ms=settings.db_statement_timeout_ms,
+            pool_mode=settings.database_pool_mode,
         )
         fastpath.use_fast_array_checks()
         hot = HotPath(
@@ -37,8 +38,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             connect_timeout=settings.db_connect_timeout_seconds,
             acquire_timeout=settings.db_pool_timeout_seconds,
             statement_timeout_ms=settings.db_statement_timeout_ms,
+            pool_mode=settings.database_pool_mode,
         )
-        db = Database(engine, hot)
+        db = Database(engine, hot, pool_mode=settings.database_pool_mode)
         try:
             if settings.migrate_on_start:
                 await migrations.upgrade(engine)
