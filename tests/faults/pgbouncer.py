@@ -115,8 +115,9 @@ class PgBouncer:
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError(f"pgbouncer exited with {self.proc.returncode}:\n{self.log}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
             ):
                 return self
             if time.monotonic() > deadline:

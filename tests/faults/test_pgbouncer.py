@@ -41,7 +41,7 @@ from tests.wsclient import WsClient
 
 #: the poll interval of a polling process (the dispatcher's default), and the slack a shared
 #: 2-core machine needs on top of it
-POLL_SECONDS = Dispatcher.__init__.__kwdefaults__["poll_interval"]
+POLL_SECONDS: float = (Dispatcher.__init__.__kwdefaults__ or {})["poll_interval"]
 SLACK_SECONDS = 1.5
 TRANSACTION = {"MESSAGEX_DATABASE_POOL_MODE": "transaction"}
 
@@ -160,7 +160,8 @@ def test_transaction_pooling_without_a_listen_url_polls(transaction_url: str, lo
         print(f"cross-process push through PgBouncer (transaction), polling: {seconds}")
         assert max(seconds) < POLL_SECONDS + SLACK_SECONDS, seconds
         detail = ready_detail(b)
-        assert detail is not None and "polling" in detail, detail
+        assert detail is not None
+        assert "polling" in detail, detail
         assert "does not LISTEN" in b.log_text()
         # a queue deleted on a: b's subscriber is told within the poll bound
         q = _name("pgb-del")
@@ -180,7 +181,11 @@ def test_transaction_pooling_under_load_loses_nothing(
 ) -> None:
     """Publishers on one polling process, WebSocket consumers on the other."""
     with brokers(
-        transaction_url, logs, 2, ACK_TIMEOUT_SECONDS=5, ACK_TIMEOUT_CHECK_INTERVAL_MS=200,
+        transaction_url,
+        logs,
+        2,
+        ACK_TIMEOUT_SECONDS=5,
+        ACK_TIMEOUT_CHECK_INTERVAL_MS=200,
         **TRANSACTION,
     ) as (a, b):
         spec = QueueSpec(_name("pgb-load"))
@@ -198,10 +203,10 @@ def test_transaction_pooling_under_load_loses_nothing(
             w.start()
         for c in consumers:
             assert c.connected.wait(10)
-        for w in pubs:
-            w.start()
+        for p in pubs:
+            p.start()
         join_all(pubs, 60)
-        published = sum(p.outcome == "ok" for p in ledger.publishes.values())
+        published = sum(r.outcome == "ok" for r in ledger.publishes.values())
         wait_for(
             lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= published,
             30,
