@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from app import runtime
 from app.broker.services import build_services
 from app.config import Settings
-from app.storage import fastpath, migrations
+from app.storage import fastpath, migrations, pooler
 from app.storage.database import Database, create_engine
 from app.storage.fastpath import HotPath
 
@@ -44,6 +44,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             if settings.migrate_on_start:
                 await migrations.upgrade(engine)
+            await pooler.check_statement_timeout(
+                settings.database_pool_mode, hot, settings.db_statement_timeout_ms
+            )
             services = build_services(settings, db, url)
             await services.start()
             app.state.services = services

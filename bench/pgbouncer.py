@@ -38,6 +38,17 @@ START_SECONDS = 10.0
 PoolMode = Literal["session", "transaction"]
 
 
+def loopback_url(database_url: str, port: int) -> str:
+    """``database_url`` (postgresql://user@host:port/db) pointed at 127.0.0.1:``port`` (a
+    ``host`` query parameter, a Unix socket directory, is dropped: the target is TCP)."""
+    parts = urlsplit(database_url)
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
+    user = f"{parts.username}@" if parts.username else ""
+    if parts.password:
+        user = f"{parts.username}:{parts.password}@"
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}", query=query))
+
+
 class PgBouncer:
     def __init__(self, host: str, port: int, user: str, pool_mode: PoolMode) -> None:
         self.server_host = host
@@ -56,13 +67,8 @@ class PgBouncer:
         return cls(host, parts.port or 5432, parts.username or "postgres", pool_mode)
 
     def url_for(self, database_url: str) -> str:
-        """``database_url`` pointed at this PgBouncer (a socket directory ``host`` dropped)."""
-        parts = urlsplit(database_url)
-        query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
-        user = f"{parts.username}@" if parts.username else ""
-        if parts.password:
-            user = f"{parts.username}:{parts.password}@"
-        return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}", query=query))
+        """``database_url`` pointed at this PgBouncer."""
+        return loopback_url(database_url, self.port)
 
     def ini(self) -> str:
         return "\n".join(

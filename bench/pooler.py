@@ -12,7 +12,7 @@ PgBouncer's (``cpu_s_per_1k.pgbouncer``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from bench import mx
@@ -88,17 +88,18 @@ async def _named(name: str, work: Awaitable[Result], into: dict[str, Result]) ->
     return result
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
 def _compare(results: dict[str, Result]) -> None:
     """Each pooled row against its direct twin."""
-    ratio: Callable[[float | None, float | None], float | None] = lambda a, b: (
-        round(a / b, 3) if a and b else None
-    )
     for name, pooled in results.items():
         if not name.endswith(f"via={VIAS[1]}"):
             continue
         direct = results.get(name.replace(VIAS[1], VIAS[0]))
         if direct is None or pooled.status != "ok" or direct.status != "ok":
             continue
-        pooled.extra["rate_ratio_to_direct"] = ratio(pooled.rate, direct.rate)
+        pooled.extra["rate_ratio_to_direct"] = _ratio(pooled.rate, direct.rate)
         p50 = (pooled.latency_ms or {}).get("p50"), (direct.latency_ms or {}).get("p50")
-        pooled.extra["p50_ratio_to_direct"] = ratio(*p50)
+        pooled.extra["p50_ratio_to_direct"] = _ratio(*p50)

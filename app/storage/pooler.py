@@ -27,7 +27,10 @@ transaction at a time, so nothing may outlive a transaction on it (docs/operatio
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
+
+log = logging.getLogger("messagex.pooler")
 
 PoolMode = Literal["session", "transaction"]
 
@@ -75,3 +78,31 @@ def dialect_args(pool_mode: PoolMode) -> dict[str, Any]:
 
 def _unnamed() -> str:
     return ""
+
+
+async def check_statement_timeout(pool_mode: PoolMode, hot: Any, wanted_ms: int) -> None:
+    """Behind a transaction pooler the server's ``statement_timeout`` is the role's (the
+    broker cannot SET it): warn once when it is unbounded, or looser than
+    ``MESSAGEX_DB_STATEMENT_TIMEOUT_MS`` asks. ``hot``: the ``HotPath``."""
+    if pool_mode != TRANSACTION or not wanted_ms:
+        return
+    try:
+        async with hot.connection() as conn:
+            # pg_settings gives it in ms, whatever unit it was set with
+            got = int(
+                await conn.fetchval(
+                    "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'"
+                )
+            )
+    except Exception as exc:  # the database is down: the broker says so elsewhere
+        log.warning("could not read the server's statement_timeout (%s)", type(exc).__name__)
+        return
+    if got == 0 or got > wanted_ms:
+        log.warning(
+            "the server's statement_timeout is %s, MESSAGEX_DB_STATEMENT_TIMEOUT_MS is %d: "
+            "behind a transaction pooler the broker cannot SET it; run ALTER ROLE <its role> "
+            "SET statement_timeout = %d (docs/operations.md, Behind PgBouncer)",
+            f"{got} ms" if got else "0 (none)",
+            wanted_ms,
+            wanted_ms,
+        )

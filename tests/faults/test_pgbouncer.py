@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -36,7 +37,7 @@ from tests.faults.harness import (
     remaining_rows,
 )
 from tests.faults.pgbouncer import MISSING, PgBouncer, PoolMode
-from tests.support import wait_for
+from tests.support import PgCluster, admin_sql, wait_for, with_database
 from tests.wsclient import WsClient
 
 #: the poll interval of a polling process (the dispatcher's default), and the slack a shared
@@ -151,10 +152,29 @@ def test_transaction_pooling_with_a_direct_listen_url(
         assert statistics.median(seconds) < POLL_SECONDS / 2, seconds
         assert ready_detail(a) is None
         assert "does not LISTEN" not in a.log_text()
+        # no statement_timeout on the role or database yet: the broker says it cannot SET one
+        assert "statement_timeout is 0 (none)" in a.log_text()
 
 
-def test_transaction_pooling_without_a_listen_url_polls(transaction_url: str, logs: Path) -> None:
-    with brokers(transaction_url, logs, 2, **TRANSACTION) as (a, b):
+@pytest.fixture
+def timed_db(pg_cluster: PgCluster, template_db: str) -> Iterator[str]:
+    """A database of the test's own with the statement timeout where transaction pooling needs
+    it (docs/operations.md): PgBouncer's ``*`` entry reaches it with a pool of its own."""
+    name = pg_cluster.create_database(template_db)
+    try:
+        url = pg_cluster.url_for(name)
+        admin_sql(url, f"ALTER DATABASE \"{name}\" SET statement_timeout = '30s'")
+        yield url
+    finally:
+        pg_cluster.drop_database(name)
+
+
+def test_transaction_pooling_without_a_listen_url_polls(
+    transaction_url: str, timed_db: str, logs: Path
+) -> None:
+    url = with_database(transaction_url, urlsplit(timed_db).path.lstrip("/"))
+    with brokers(url, logs, 2, **TRANSACTION) as (a, b):
+        assert "statement_timeout" not in a.log_text()
         full_flow(a)
         seconds = cross_latencies(a, b, 5)
         print(f"cross-process push through PgBouncer (transaction), polling: {seconds}")
