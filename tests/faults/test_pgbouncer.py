@@ -75,7 +75,8 @@ def _name(prefix: str) -> str:
 
 
 def full_flow(b: BrokerProc) -> None:
-    """Declare, bind, publish (routed), WebSocket consume + ack, a delayed message, pull."""
+    """Declare, bind, publish (routed), WebSocket consume + ack, a delayed message, pull,
+    operations by filter, browse, diagnosis, overview and connections."""
     ex, q = _name("pgb-ex"), _name("pgb-q")
     with b.client() as api, WsClient.admin(b.ws_url) as ws:
         assert api.put(f"/exchanges/{ex}", json={"type": "direct"}).status_code == 201
@@ -104,6 +105,20 @@ def full_flow(b: BrokerProc) -> None:
         (m,) = r.json()["messages"]
         assert m["body"] == "pulled"
         assert api.post(f"/deliveries/{m['delivery_tag']}/ack").status_code == 204
+        # by filter (a transaction with a local statement timeout), browse, the admin views
+        assert api.post(f"/queues/{q}/messages", json={"body": "moved"}).status_code == 200
+        q2 = _name("pgb-q2")
+        assert api.put(f"/queues/{q2}").status_code == 201
+        found = api.post(f"/queues/{q}/messages/query", json={"filter": {}})
+        assert found.status_code == 200, found.text
+        r = api.post(f"/queues/{q}/messages/move", json={"filter": {}, "to": q2})
+        assert r.status_code == 200, r.text
+        assert r.json()["moved"] == 1
+        assert len(api.get(f"/queues/{q2}/messages").json()["items"]) == 1
+        r = api.post(f"/queues/{q2}/messages/delete", json={"filter": {}})
+        assert r.status_code == 200, r.text
+        for path in (f"/queues/{q}/diagnosis", "/diagnosis", "/overview", "/connections"):
+            assert api.get(path).status_code == 200, path
         stats = api.get(f"/queues/{q}").json()["stats"]
         assert (stats["ready"], stats["in_flight"]) == (0, 0), stats
 
