@@ -274,12 +274,12 @@ WHERE (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)
   AND (database IS NULL OR database = current_database())
 ORDER BY 4 DESC
 """)
-# Every process row, and whether the LISTEN backend its last heartbeat named still exists
-# (listen_pid 0: it polls by choice, storage/listener.py POLLING_PID).
+# Every process row, and whether the LISTEN backend its last heartbeat named still exists.
 PROCESSES = text("""
 SELECT p.id::text, p.hostname, p.pid, p.started_at, p.heartbeat_at, p.listen_pid,
        EXISTS (SELECT 1 FROM pg_stat_activity AS a WHERE a.pid = p.listen_pid),
-       p.pool_in_use, p.pool_size, p.listen_pid = 0
+       p.pool_in_use, p.pool_size,
+       p.listen_pid = 0  -- it polls by choice (storage/listener.py, POLLING_PID)
 FROM broker_processes AS p ORDER BY p.id
 """)
 NOTIFY_USAGE = text("SELECT pg_notification_queue_usage()")
