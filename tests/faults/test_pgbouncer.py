@@ -150,9 +150,12 @@ def ready_detail(b: BrokerProc) -> str | None:
 
 
 def test_session_pooling_works_as_direct(session_url: str, logs: Path) -> None:
-    with brokers(session_url, logs, 1) as (a,):
+    with brokers(session_url, logs, 2) as (a, b):
         full_flow(a)
         assert ready_detail(a) is None
+        # LISTEN through a session pooler works: cross-process push at once
+        seconds = cross_latencies(a, b, 5)
+        assert statistics.median(seconds) < POLL_SECONDS / 2, seconds
 
 
 def test_transaction_pooling_with_a_direct_listen_url(
