@@ -33,8 +33,11 @@ async def run_async_migrations() -> None:
     from app.config import load_settings
     from app.storage.database import create_engine
 
-    async with runtime.database(load_settings()) as url:
-        engine = create_engine(url, pool_size=1, max_overflow=0)
+    settings = load_settings()
+    async with runtime.database(settings) as url:
+        engine = create_engine(
+            url, pool_size=1, max_overflow=0, pool_mode=settings.database_pool_mode
+        )
         try:
             async with engine.connect() as connection:
                 await connection.run_sync(do_run_migrations)

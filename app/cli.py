@@ -46,7 +46,7 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with runtime.database(settings) as url:
-            await runtime.migrate(url, args.revision)
+            await runtime.migrate(url, args.revision, settings.database_pool_mode)
 
     asyncio.run(run())
     log.info("database at %s", args.revision)

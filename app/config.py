@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     db_connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_pool_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     db_statement_timeout_ms: Annotated[int, Field(ge=0)] = 30_000
+    #: how DATABASE_URL reaches PostgreSQL: "session" (directly, or a pooler in session mode)
+    #: or "transaction" (a pooler in transaction mode, such as PgBouncer's): docs/operations.md
+    database_pool_mode: Literal["session", "transaction"] = "session"
+    #: a URL that reaches PostgreSQL without a transaction pooler, for the LISTEN connection;
+    #: None: DATABASE_URL, or polling when that is transaction-pooled
+    listen_database_url: str | None = None
     #: warn (log) when a snapshot held on the database (a session's transaction, a replication
     #: slot) has kept VACUUM from cleaning up for longer than this; 0: never
     xmin_warn_seconds: Annotated[float, Field(ge=0)] = 300.0
@@ -116,6 +122,11 @@ class Settings(BaseSettings):
             return None
         assert value is not None
         return dsn.check(value)
+
+    @field_validator("listen_database_url")
+    @classmethod
+    def _check_listen_database_url(cls, value: str | None) -> str | None:
+        return cls._check_database_url(value)
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from app import runtime
 from app.broker.services import build_services
 from app.config import Settings
-from app.storage import fastpath, migrations
+from app.storage import fastpath, migrations, pooler
 from app.storage.database import Database, create_engine
 from app.storage.fastpath import HotPath
 
@@ -29,6 +29,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             connect_timeout=settings.db_connect_timeout_seconds,
             pool_timeout=settings.db_pool_timeout_seconds,
             statement_timeout_ms=settings.db_statement_timeout_ms,
+            pool_mode=settings.database_pool_mode,
         )
         fastpath.use_fast_array_checks()
         hot = HotPath(
@@ -37,11 +38,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             connect_timeout=settings.db_connect_timeout_seconds,
             acquire_timeout=settings.db_pool_timeout_seconds,
             statement_timeout_ms=settings.db_statement_timeout_ms,
+            pool_mode=settings.database_pool_mode,
         )
-        db = Database(engine, hot)
+        db = Database(engine, hot, pool_mode=settings.database_pool_mode)
         try:
             if settings.migrate_on_start:
                 await migrations.upgrade(engine)
+            await pooler.check_statement_timeout(
+                settings.database_pool_mode, hot, settings.db_statement_timeout_ms
+            )
             services = build_services(settings, db, url)
             await services.start()
             app.state.services = services

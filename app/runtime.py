@@ -27,6 +27,7 @@ from app.config import Settings
 from app.storage import migrations
 from app.storage.database import create_engine
 from app.storage.dsn import redacted
+from app.storage.pooler import PoolMode
 
 log = logging.getLogger("messagex")
 
@@ -110,11 +111,11 @@ async def database(settings: Settings) -> AsyncIterator[str]:
         await asyncio.to_thread(_stop, embedded)
 
 
-async def migrate(url: str, revision: str = "head") -> None:
+async def migrate(url: str, revision: str = "head", pool_mode: PoolMode = "session") -> None:
     """Migrate the database at ``url`` to ``revision`` on a connection of its own
     (``migrations.upgrade`` serialises concurrent callers)."""
     log.info("migrating to %s", revision)
-    engine = create_engine(url, pool_size=1, max_overflow=0)
+    engine = create_engine(url, pool_size=1, max_overflow=0, pool_mode=pool_mode)
     try:
         await migrations.upgrade(engine, revision)
     finally:
@@ -137,7 +138,7 @@ def run_workers(
     """
     with database_sync(settings) as url:
         if settings.migrate_on_start:
-            asyncio.run(migrate(url))
+            asyncio.run(migrate(url, pool_mode=settings.database_pool_mode))
         child = settings.model_copy(update={"database_url": url, "migrate_on_start": False})
         return _supervise(child, host, port, workers, worker, stop_seconds)
 

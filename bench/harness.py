@@ -32,6 +32,7 @@ from bench import (
     groups,
     limits,
     mx,
+    pooler,
     rabbit,
     report,
     scale,
@@ -66,6 +67,8 @@ GROUPS = (
     "groups",
     "sqlpublish",
 )
+#: groups only run when named (not by ``all``): ``pooler`` needs /usr/sbin/pgbouncer
+NAMED_ONLY = ("pooler",)
 NEEDS_BROKER = {
     "ceiling",
     "messagex",
@@ -78,6 +81,7 @@ NEEDS_BROKER = {
     "filterops",
     "groups",
     "sqlpublish",
+    "pooler",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -126,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="MessageX vs the raw-SQL ceiling vs RabbitMQ, in one run (loopback only).",
     )
-    p.add_argument("group", nargs="?", default="all", choices=("all", *GROUPS))
+    p.add_argument("group", nargs="?", default="all", choices=("all", *GROUPS, *NAMED_ONLY))
     p.add_argument("--smoke", action="store_true", help="tiny counts, 10 s deadlines, no 1 M")
     p.add_argument("--count", type=int, help="messages per throughput scenario (2000; smoke 60)")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
@@ -201,6 +205,7 @@ ON_POSTGRES = frozenset(
         "filterops",
         "groups",
         "sqlpublish",
+        "pooler",
     }
 )
 
@@ -504,6 +509,9 @@ class Run:
     async def run_groups(self) -> None:
         await groups.run(self)  # issue 22, contract §16: bench/groups.py
 
+    async def run_pooler(self) -> None:
+        await pooler.run(self)  # issue 23, item 3: behind PgBouncer: bench/pooler.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -558,6 +566,7 @@ class Run:
             "filterops": self.run_filterops,
             "groups": self.run_groups,
             "sqlpublish": self.run_sqlpublish,
+            "pooler": self.run_pooler,
         }
         started = time.monotonic()
         try:

@@ -138,6 +138,20 @@ def _throughput_row(r: Result) -> str:
     )
 
 
+def _pooler_row(r: Result) -> str:
+    cpu = r.cpu_s_per_1k
+    cells = [_fmt(cpu.get(k), ".3f") for k in ("broker", "postgres", "pgbouncer")]
+    lat = r.latency_ms or {}
+    ratios = [_fmt(r.extra.get(k), ".2f") for k in ("rate_ratio_to_direct", "p50_ratio_to_direct")]
+    return (
+        f"{r.name.removeprefix('pooler '):<56} {r.status:<8} {r.messages:>6} {_fmt(r.rate):>8} "
+        f"{_fmt(lat.get('p50'), '.2f'):>7} {_fmt(lat.get('p99'), '.2f'):>7} "
+        + " ".join(f"{c:>7}" for c in cells)
+        + " "
+        + " ".join(f"{c:>7}" for c in ratios)
+    )
+
+
 def _backlog_row(r: Result) -> str:
     lat = r.latency_ms or {}
     return (
@@ -223,6 +237,13 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
             f"{'expiry vs delivery (issue 20)':<44} {'status':<10} {'copies':>7} {'copies/s':>9} "
             f"{'broker':>7} {'pg':>7}",
             _expiry_row,
+        ),
+        (
+            "pooler",
+            f"{'behind PgBouncer (issue 23)':<56} {'status':<8} {'msgs':>6} {'msg/s':>8} "
+            f"{'p50 ms':>7} {'p99 ms':>7} {'broker':>7} {'pg':>7} {'bouncer':>7} "
+            f"{'rate/d':>7} {'p50/d':>7}",
+            _pooler_row,
         ),
         (
             "filterops",

@@ -4,6 +4,14 @@ Events are coalesced while one waits to be sent (a background task on the listen
 connection sends them, so a full notification queue can never fail a publish) and decoded
 into the same typed ``ClusterEvent`` on the other side. NOTIFY is a hint: every receiver also
 polls, reconciles and re-checks on its own clock, so a lost event costs latency, not a message.
+
+Behind a transaction pooler (``MESSAGEX_DATABASE_POOL_MODE=transaction``) LISTEN goes over
+``MESSAGEX_LISTEN_DATABASE_URL``, a direct connection. Without one the process does not
+LISTEN at all (through the pooler it would hear nothing, silently): it ``polls`` — its
+events still go out by NOTIFY (that works through the pooler, and other processes may
+listen), and what it would have heard it finds on the clocks above, which cover every event
+but a deleted queue; the delivery engine checks its subscribed queues for that
+(broker/delivery.py).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from app.broker.tasks import TaskOwner
+from app.storage import pooler
 from app.storage.listener import MAX_PAYLOAD, Listener
 
 CHANNEL = "messagex_events"
@@ -116,10 +125,22 @@ class ClusterBus:
         process_id: str,
         receive: Callable[[ClusterEvent], None],
         on_listening: Callable[[], None],
+        *,
+        listen_url: str | None = None,
+        pool_mode: pooler.PoolMode = pooler.SESSION,
     ) -> None:
         self.process_id = process_id
         self.receive = receive
-        self.listener = Listener(database_url, CHANNEL, self._on_notify, on_listening)
+        #: True: this process does not LISTEN (its only URL is transaction-pooled)
+        self.polling = listen_url is None and pool_mode == pooler.TRANSACTION
+        self.listener = Listener(
+            listen_url or database_url,
+            CHANNEL,
+            self._on_notify,
+            on_listening,
+            listen=not self.polling,
+            pool_mode=pool_mode if listen_url is None else pooler.SESSION,
+        )
         self._outgoing = ClusterEvent(process_id)
         self._ready = asyncio.Event()
         self._mine = sender_prefix(process_id)

@@ -36,7 +36,9 @@ from app.broker.wakeups import WakeHub
 from app.config import Settings
 from app.errors import BrokerError
 from app.metrics import Metrics
+from app.storage import deliveries
 from app.storage.database import Database
+from app.storage.listener import POLLING_PID
 from app.storage.messages import DeletedMessage
 
 log = logging.getLogger("messagex.delivery")
@@ -101,12 +103,20 @@ class DeliveryEngine:
             self.registry,
             self.settlement,
             self.process_id,
-            listen_pid=lambda: self.cluster.listener.backend_pid,
+            listen_pid=self._listen_pid,
         )
         self.credentials = CredentialChecks(db, self.registry, self.subscriptions.end)
         # Wake-ups may have been lost while the listening connection was down: everyone
         # polls once when it is back.
-        self.cluster = ClusterBus(database_url, self.process_id, self._on_event, self._listening)
+        self.cluster = ClusterBus(
+            database_url,
+            self.process_id,
+            self._on_event,
+            self._listening,
+            listen_url=settings.listen_database_url,
+            pool_mode=settings.database_pool_mode,
+        )
+        self.db = db
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -129,6 +139,40 @@ class DeliveryEngine:
         spawn(every(RECONCILE_SECONDS, self.credit.reconcile_all, "reconcile"), name="reconcile")
         spawn(every(LIVENESS_SECONDS, self.credentials.check, "liveness"), name="liveness")
         spawn(every(CHECK_SECONDS, self.single.check_all, "single-active"), name="single-active")
+        if self.cluster.polling:
+            log.warning("%s", self.polling_detail())
+            poll = self.dispatcher.poll_interval
+            spawn(every(poll, self._cancel_deleted, "deleted-queues"), name="deleted-queues")
+
+    # -- polling instead of LISTEN (broker/cluster.py) ---------------------------------------
+
+    def polling_detail(self) -> str | None:
+        """Why this process polls instead of LISTENing (the log line at start and the detail
+        of ``/readyz``), or None when it listens."""
+        if not self.cluster.polling:
+            return None
+        return (
+            "polling: DATABASE_URL is transaction-pooled (MESSAGEX_DATABASE_POOL_MODE="
+            "transaction) and MESSAGEX_LISTEN_DATABASE_URL is not set, so this process does "
+            "not LISTEN; publishes on other processes reach its consumers within "
+            f"{self.dispatcher.poll_interval:g} s (its poll), not at once"
+        )
+
+    def _listen_pid(self) -> int | None:
+        """What the heartbeat reports: the LISTEN backend's pid, None while that is down,
+        ``POLLING_PID`` when the process polls by choice (diagnosis, §19)."""
+        return POLLING_PID if self.cluster.polling else self.cluster.listener.backend_pid
+
+    async def _cancel_deleted(self) -> None:
+        """The subscriptions of queues deleted elsewhere end (a listening process is told by
+        NOTIFY; a polling one looks, each poll interval)."""
+        queue_ids = self.registry.queue_ids()
+        if not queue_ids:
+            return
+        gone = set(queue_ids) - await deliveries.existing_queues(self.db.hot, queue_ids)
+        names = {s.queue_name for q in gone for s in self.registry.of_queue(q)}
+        for name in sorted(names):
+            await self.subscriptions.cancel_queue(name)
 
     async def drain(self) -> None:
         """Close local WebSockets with 1001 and wait until their handlers have released what

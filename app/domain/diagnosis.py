@@ -340,6 +340,9 @@ class ProcessFacts:
     listening: bool
     pool_in_use: int | None
     pool_size: int | None
+    #: it does not LISTEN by choice: its database URL is transaction-pooled and it has no
+    #: direct one (MESSAGEX_LISTEN_DATABASE_URL); it polls, and says so in ``/readyz``
+    polling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +459,7 @@ def _process_findings(now: datetime, processes: Sequence[ProcessFacts]) -> list[
                 )
             )
             continue
-        if not p.listening:
+        if not p.listening and not p.polling:
             out.append(
                 Finding(
                     "listen_down",

@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from app.storage import dsn, planner
+from app.storage import dsn, planner, pooler
 from app.storage.driver_errors import guard
 from app.storage.fastpath import HotPath, command_timeout
 
@@ -28,8 +28,10 @@ def create_engine(
     pool_timeout: float = 5.0,
     statement_timeout_ms: int = 30_000,
     application_name: str = "messagex",
+    pool_mode: pooler.PoolMode = pooler.SESSION,
 ) -> AsyncEngine:
-    """An async engine over asyncpg whose every wait is bounded, so requests fail fast (503)."""
+    """An async engine over asyncpg whose every wait is bounded, so requests fail fast (503);
+    ``pool_mode``: how the URL reaches PostgreSQL (storage/pooler.py)."""
     server_settings = {"application_name": application_name, **planner.SETTINGS}
     if statement_timeout_ms:
         server_settings["statement_timeout"] = str(statement_timeout_ms)
@@ -44,11 +46,25 @@ def create_engine(
         connect_args={
             "timeout": connect_timeout,
             "command_timeout": command_timeout(connect_timeout, statement_timeout_ms),
-            "server_settings": server_settings,
+            "server_settings": pooler.startup_settings(server_settings),
+            **pooler.dialect_args(pool_mode),
         },
     )
     event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
+    _set_on_connect(engine, pooler.session_setup(pool_mode, server_settings))
     return engine
+
+
+def _set_on_connect(engine: AsyncEngine, setup: str | None) -> None:
+    """Run ``setup`` (storage/pooler.py: the settings a pooler would refuse at start-up) once
+    on each new connection, outside any transaction (a rollback must not undo it)."""
+    if setup is None:
+        return
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.run_async(lambda raw: raw.execute(setup))
+
+    event.listen(engine.sync_engine, "connect", on_connect)
 
 
 def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -71,11 +87,20 @@ class Database:
     """The engine and the two ways to use it (a transaction, or one autocommit statement),
     plus ``hot``: the asyncpg executor of the hot path (publish, claim, ack)."""
 
-    def __init__(self, engine: AsyncEngine, hot: HotPath | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        hot: HotPath | None = None,
+        *,
+        pool_mode: pooler.PoolMode = pooler.SESSION,
+    ) -> None:
         self.engine = engine
+        #: how the engine's URL reaches PostgreSQL (storage/pooler.py)
+        self.pool_mode = pool_mode
         self.hot = hot or HotPath(
             engine.url.render_as_string(hide_password=False),
             size=engine.pool.size(),  # type: ignore[attr-defined]
+            pool_mode=pool_mode,
         )
 
     @asynccontextmanager

@@ -102,6 +102,12 @@ async def ready_queues(
     return [(int(r[0]), float(r[1])) for r in rows]
 
 
+async def existing_queues(hot: HotPath, queue_ids: Sequence[int]) -> set[int]:
+    """Those of ``queue_ids`` that are still queues (not deleted)."""
+    rows = await hot.fetch(queries.EXISTING_QUEUES, {"queue_ids": list(queue_ids)})
+    return {int(r[0]) for r in rows}
+
+
 # -- acknowledge ----------------------------------------------------------------------------
 
 

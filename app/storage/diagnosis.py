@@ -265,7 +265,8 @@ WHERE relid = 'messages'::regclass
 PROCESSES = text("""
 SELECT p.id::text, p.hostname, p.pid, p.started_at, p.heartbeat_at, p.listen_pid,
        EXISTS (SELECT 1 FROM pg_stat_activity AS a WHERE a.pid = p.listen_pid),
-       p.pool_in_use, p.pool_size
+       p.pool_in_use, p.pool_size,
+       p.listen_pid = 0  -- it polls by choice (storage/listener.py, POLLING_PID)
 FROM broker_processes AS p ORDER BY p.id
 """)
 NOTIFY_USAGE = text("SELECT pg_notification_queue_usage()")
@@ -318,6 +319,7 @@ async def processes(conn: AsyncConnection) -> list[ProcessFacts]:
             listening=bool(r[6]),
             pool_in_use=r[7],
             pool_size=r[8],
+            polling=bool(r[9]),
         )
         for r in await conn.execute(PROCESSES)
     ]

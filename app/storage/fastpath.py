@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from app import jsonexact
 from app.errors import BrokerError
-from app.storage import driver_errors, planner
+from app.storage import driver_errors, planner, pooler
 from app.storage.dsn import asyncpg_dsn
 
 #: how much longer than the server's statement timeout the client waits for an answer before
@@ -133,8 +133,11 @@ class HotPath:
         connect_timeout: float = 5.0,
         acquire_timeout: float = 5.0,
         statement_timeout_ms: int = 30_000,
+        pool_mode: pooler.PoolMode = pooler.SESSION,
     ) -> None:
         self.dsn = asyncpg_dsn(dsn)
+        #: how the URL reaches PostgreSQL (storage/pooler.py)
+        self.pool_mode = pool_mode
         self.size = size
         self.connect_timeout = connect_timeout
         self.acquire_timeout = acquire_timeout
@@ -159,17 +162,29 @@ class HotPath:
                         max_size=self.STABLE_SIZE if stable else self.size,
                         timeout=self.connect_timeout,
                         command_timeout=self.command_timeout,
-                        init=_init_connection,
+                        init=self._init_connection(stable),
                         # The hot path never leaves a transaction, LISTEN or advisory lock
                         # open, so the default reset (one more round trip per release) is
                         # pure cost.
                         reset=_no_reset,
-                        server_settings={
-                            **self.server_settings,
-                            **(planner.STABLE if stable else planner.SETTINGS),
-                        },
+                        server_settings=pooler.startup_settings(self.server_settings),
+                        **pooler.driver_args(self.pool_mode),
                     )
         return pool
+
+    def _init_connection(
+        self, stable: bool
+    ) -> Callable[[asyncpg.Connection], Coroutine[Any, Any, None]]:
+        """A new connection's set-up: the JSON codecs, and the settings (storage/pooler.py)."""
+        settings = {**self.server_settings, **(planner.STABLE if stable else planner.SETTINGS)}
+        setup = pooler.session_setup(self.pool_mode, settings)
+
+        async def init(conn: asyncpg.Connection) -> None:
+            await _init_connection(conn)
+            if setup is not None:
+                await conn.execute(setup)
+
+        return init
 
     @asynccontextmanager
     async def connection(self, *, stable: bool = False) -> AsyncIterator[asyncpg.Connection]:

@@ -2,6 +2,11 @@
 
 NOTIFY is only a hint here: callers keep a slow poll for lost wake-ups, and a failed
 ``notify`` is logged and dropped, never raised into a publish.
+
+Behind a transaction pooler a LISTEN would be made on whichever server connection the pooler
+lent for that one statement, and the notifications would go to nobody (silently). There the
+connection is made with ``listen=False``: it only sends, and the owner polls instead
+(broker/cluster.py, storage/pooler.py).
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from typing import Any
 
 import asyncpg
 
+from app.storage import pooler
 from app.storage.dsn import asyncpg_dsn
 
 log = logging.getLogger("messagex.listener")
 
 #: PostgreSQL caps a NOTIFY payload just under 8000 bytes.
 MAX_PAYLOAD = 7900
+#: the LISTEN pid a process reports when it polls by choice (no backend has pid 0): its
+#: connection is transaction-pooled and it has no direct one (diagnosis, §19)
+POLLING_PID = 0
 
 
 class Listener:
@@ -32,8 +41,13 @@ class Listener:
         *,
         keepalive_seconds: float = 5.0,
         connect_timeout: float = 5.0,
+        listen: bool = True,
+        pool_mode: pooler.PoolMode = pooler.SESSION,
     ) -> None:
         self.dsn = asyncpg_dsn(dsn)
+        #: False: the connection only sends (NOTIFY), it never LISTENs (see above)
+        self.listen = listen
+        self.pool_mode = pool_mode
         self.channel = channel
         self.on_message = on_message
         self.on_connected = on_connected
@@ -77,9 +91,11 @@ class Listener:
             self.dsn,
             timeout=self.connect_timeout,
             server_settings={"application_name": "messagex-listener"},
+            **pooler.driver_args(self.pool_mode),
         )
         try:
-            await conn.add_listener(self.channel, self._callback)
+            if self.listen:
+                await conn.add_listener(self.channel, self._callback)
         except BaseException:
             # Not yet in ``self._conn``, so ``_close`` cannot reach it: a failed LISTEN, or a
             # cancel (shutdown) landing during it, would leave the socket open until the event
@@ -89,7 +105,7 @@ class Listener:
         conn.add_termination_listener(lambda _conn: self._lost.set())
         self._lost.clear()
         self._conn = conn
-        self.backend_pid = conn.get_server_pid()
+        self.backend_pid = conn.get_server_pid() if self.listen else None
         self.connected.set()
         # After a (re)connect, wake-ups sent meanwhile are lost: let the owner poll once.
         self.on_connected()

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from alembic import command
 
-#: pg_advisory_lock key shared by every broker process that migrates at start-up.
+#: pg_advisory_xact_lock key shared by every broker process that migrates at start-up.
 MIGRATION_LOCK_KEY = 0x6D65_7373_6167_6578  # "messagex"
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -48,15 +48,15 @@ def _current(connection: Connection) -> str | None:
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Migrate to ``revision``; concurrent callers wait for each other on an advisory lock."""
+    """Migrate to ``revision``; concurrent callers wait for each other on an advisory lock.
+
+    The lock is the transaction's (every migration runs in that one transaction, alembic/env.py):
+    a session lock would outlive it on a transaction pooler's server connection, and be
+    released, or not, on whichever server connection the unlock reached (storage/pooler.py)."""
     async with engine.connect() as conn:
-        await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
-        try:
-            await conn.run_sync(_upgrade, revision)
-            await conn.commit()
-        finally:
-            await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
-            await conn.commit()
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+        await conn.run_sync(_upgrade, revision)
+        await conn.commit()
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:

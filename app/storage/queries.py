@@ -494,6 +494,12 @@ CROSS JOIN LATERAL (SELECT available_at FROM messages
 """)
 )
 
+# Which of these queues still exist: a process that polls instead of LISTENing (broker/cluster.py)
+# is not told of a queue deleted elsewhere. One probe of the primary key per queue.
+EXISTING_QUEUES = Statement(
+    text("SELECT id FROM queues WHERE id = ANY(CAST(:queue_ids AS bigint[]))")
+)
+
 
 # -- acknowledge ----------------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
+from bench.pgbouncer import loopback_url
 from tests.support import free_port
 
 CHUNK = 65536
@@ -118,12 +119,7 @@ class Blackhole:
     def url_for(self, database_url: str) -> str:
         """``database_url`` (postgresql://user@host:port/db) pointed at this proxy (a ``host``
         query parameter, a Unix socket directory, is dropped: the proxy is TCP)."""
-        parts = urlsplit(database_url)
-        query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
-        user = f"{parts.username}@" if parts.username else ""
-        if parts.password:
-            user = f"{parts.username}:{parts.password}@"
-        return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}", query=query))
+        return loopback_url(database_url, self.port)
 
     def __enter__(self) -> Blackhole:
         return self.start()

@@ -71,6 +71,12 @@ def test_process_stale_then_dead_and_listen_down() -> None:
     assert severities(down, "listen_down") == ["warning"]
 
 
+def test_a_process_that_polls_by_choice_is_not_listen_down() -> None:
+    """Transaction-pooled without MESSAGEX_LISTEN_DATABASE_URL (docs/operations.md)."""
+    polling = db(processes=[process(listening=False, listen_pid=0, polling=True)])
+    assert severities(polling, "listen_down") == []
+
+
 def test_pool_exhausted_and_notify_queue() -> None:
     assert severities(db(processes=[process(pool_in_use=10)]), "pool_exhausted") == ["warning"]
     assert severities(db(notify_queue_usage=0.49), "notify_queue_filling") == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from app.api.deps import ServicesDep, UserDep
@@ -24,6 +24,15 @@ class HealthOut(BaseModel):
 
 class ReadyOut(BaseModel):
     status: Literal["ready"] = "ready"
+    detail: str | None = Field(
+        default=None,
+        description=(
+            "Present only when the process serves in a degraded way it chose: today, when it "
+            "polls instead of LISTENing (transaction-pooled DATABASE_URL without "
+            "MESSAGEX_LISTEN_DATABASE_URL), so publishes on other processes reach its "
+            "consumers within its poll interval"
+        ),
+    )
 
 
 class MessageCountsOut(BaseModel):
@@ -74,15 +83,17 @@ async def healthz() -> HealthOut:
     summary="The broker can serve requests",
     description=(
         "200 when the database answers and its schema is at the latest migration; "
-        "otherwise 503 `unavailable`, within a couple of seconds. Use it as a readiness probe."
+        "otherwise 503 `unavailable`, within a couple of seconds. Use it as a readiness probe. "
+        "A `detail` in the 200 says the process is ready but degraded by configuration."
     ),
     response_model=ReadyOut,
+    response_model_exclude_none=True,
     status_code=200,
     responses=problem_responses(503),
 )
 async def readyz(services: ServicesDep) -> ReadyOut:
     await services.ops.check_ready()
-    return ReadyOut()
+    return ReadyOut(detail=services.delivery.polling_detail())
 
 
 @router.get(
