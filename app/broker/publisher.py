@@ -546,6 +546,11 @@ class Publisher:
         did nothing, as the contract says). Only when the database cannot be asked within
         IN_DOUBT_SECONDS is the outcome still unknown; the 503 then says so. Not stored: the
         503 is ``cause``'s (e.g. the database is out of disk space)."""
+        if isinstance(cause, DiskFull):
+            # PostgreSQL answered the statement with an error (53100): it rolled back, so
+            # nothing is in doubt; and asking would insert a receipt, which a full disk
+            # refuses too (each such publish waited out IN_DOUBT_SECONDS, then "may have been")
+            raise DiskFull()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + IN_DOUBT_SECONDS
         pause = 0.05
