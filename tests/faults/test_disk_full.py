@@ -47,6 +47,7 @@ from tests.faults.harness import (
     drain,
     join_all,
     queue_pair,
+    record_delivery,
     remaining_rows,
     sql,
 )
@@ -167,21 +168,8 @@ def probe(
 
 def hold(ws: WsClient, ledger: Ledger, n: int, timeout: float = 20) -> list[Delivery]:
     """Take ``n`` deliveries on the holder's socket, recorded in the ledger (unsettled)."""
-    out = []
-    for frame in ws.deliveries_n(n, timeout=timeout):
-        d = Delivery(
-            consumer="holder",
-            connection="holder/1",
-            queue=frame["queue"],
-            message_id=frame["message_id"],
-            tag=frame["delivery_tag"],
-            delivery_count=frame["delivery_count"],
-            redelivered=frame["redelivered"],
-            at=time.monotonic(),
-        )
-        ledger.delivered(d)
-        out.append(d)
-    return out
+    frames = ws.deliveries_n(n, timeout=timeout)
+    return [record_delivery(ledger, f, "holder", "holder/1") for f in frames]
 
 
 def ack_held(ws: WsClient, ledger: Ledger, held: list[Delivery]) -> list[str]:
