@@ -106,6 +106,10 @@ class Unavailable(BrokerError):
     code = "unavailable"
 
 
+class DiskFull(Unavailable):
+    """The database is out of disk space; the request did nothing (retry once space is freed)."""
+
+
 class AlreadySubscribed(BrokerError):
     """This connection is already subscribed to that queue."""
 

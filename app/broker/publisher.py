@@ -31,6 +31,7 @@ from app.broker.tasks import TaskOwner
 from app.domain.model import Delivery, OutgoingMessage, PublishResult, User
 from app.errors import (
     BrokerError,
+    DiskFull,
     InternalError,
     MessageTooLarge,
     NotFound,
@@ -276,8 +277,9 @@ class Publisher:
             # now rather than each wait out the same dead link (a black-holed network costs
             # a statement's command timeout and the in-doubt settle: seconds). A publish is
             # thus answered within one group write's bound, never two (docs/reliability.md).
+            # A full disk refuses them too, and says so.
             waiting, self._pending = self._pending, []
-            _fail(waiting, Unavailable())
+            _fail(waiting, DiskFull() if isinstance(exc, DiskFull) else Unavailable())
             return
         except BrokerError as exc:
             if len(group) > 1:
@@ -384,11 +386,11 @@ class Publisher:
                 handed = await store.insert_copies(
                     self.db.hot, messages, copies, receipt, handoff=target, priorities=priorities
                 )
-            except store.PublishInDoubt:
+            except store.PublishInDoubt as doubt:
                 # Stored or not, it was not seen: copies handed off by it (if it was) are in
                 # flight to their subscribers unannounced, and their ack timeout redelivers
                 # them. Everything is woken, as for any publish.
-                await self._settle_in_doubt(receipt)
+                await self._settle_in_doubt(receipt, doubt.cause)
                 return set()
             if not handed or handoff is None:
                 return set()
@@ -458,8 +460,8 @@ class Publisher:
                     kept = [i for i in candidates if i not in admission.rejected]
                     await self._insert_kept(raw, messages, copies, receipt, priorities, kept)
                     await self.limits.settle_publish(conn, held, limited, admission)
-        except Unavailable:
-            await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
+        except Unavailable as exc:
+            await self._settle_in_doubt(receipt, exc)  # stored (returns) or not (503)
         self.limits.count_admission(admission)
         self.dedup.count(len(claims.duplicates))
         self._notify(admission.dropped.woken, {})
@@ -525,8 +527,8 @@ class Publisher:
 
         try:
             dropped = await limits_store.insert_and_trim(self.db.hot, limited, insert)
-        except Unavailable:
-            await self._settle_in_doubt(receipt)  # stored (returns) or not (503)
+        except Unavailable as exc:
+            await self._settle_in_doubt(receipt, exc)  # stored (returns) or not (503)
             return
         self.limits.count_dropped(limits_store.Dropped(discarded=dropped))
 
@@ -538,11 +540,17 @@ class Publisher:
         wanted = Counter(q for i, q in copies if _may_hand_off(messages[i][1]))
         return await self._reserve(wanted) if wanted else None
 
-    async def _settle_in_doubt(self, receipt: str) -> None:
+    async def _settle_in_doubt(self, receipt: str, cause: Unavailable) -> None:
         """The connection broke while the group's statement was committing: ask the database,
         on a fresh connection, whether it was stored (return) or not (Unavailable: a 503 that
         did nothing, as the contract says). Only when the database cannot be asked within
-        IN_DOUBT_SECONDS is the outcome still unknown; the 503 then says so."""
+        IN_DOUBT_SECONDS is the outcome still unknown; the 503 then says so. Not stored: the
+        503 is ``cause``'s (e.g. the database is out of disk space)."""
+        if isinstance(cause, DiskFull):
+            # PostgreSQL answered the statement with an error (53100): it rolled back, so
+            # nothing is in doubt; and asking would insert a receipt, which a full disk
+            # refuses too (each such publish waited out IN_DOUBT_SECONDS, then "may have been")
+            raise DiskFull()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + IN_DOUBT_SECONDS
         pause = 0.05
@@ -563,7 +571,7 @@ class Publisher:
                 continue
             log.warning("publish in doubt settled: %s", "stored" if stored else "not stored")
             if not stored:
-                raise Unavailable()
+                raise type(cause)(cause.message)
             return
 
     async def sweep_receipts(self) -> None:

@@ -7,6 +7,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from app.errors import Unavailable
+
 log = logging.getLogger("messagex.tasks")
 
 
@@ -42,12 +44,16 @@ class TaskOwner:
 
 
 async def every(interval: float, fn: Any, name: str) -> None:
-    """Run ``await fn()`` every ``interval`` seconds; a failure is logged and the loop goes on."""
+    """Run ``await fn()`` every ``interval`` seconds; a failure is logged and the loop goes on.
+    A database that cannot serve now (down, restarting, out of disk space) is a one-line
+    warning: it is not a bug, and the storage layer has already logged why."""
     while True:
         await asyncio.sleep(interval)
         try:
             await fn()
         except asyncio.CancelledError:
             raise
+        except Unavailable as exc:
+            log.warning("periodic task %s failed: %s", name, exc.message)
         except Exception:
             log.exception("periodic task %s failed", name)

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 from sqlalchemy import exc as sa_exc
 
-from app.errors import BrokerError, InternalError, Unavailable
+from app.errors import BrokerError, DiskFull, InternalError, Unavailable
 
 log = logging.getLogger("messagex.storage")
 
@@ -48,8 +48,16 @@ _DRIVER_CONNECTION_ERRORS: frozenset[type[BaseException]] = frozenset(
 _UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53", "57"})
 
 #: Single SQLSTATEs with the same meaning: 3D000 the database does not exist (dropped or not
-#: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover).
-_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006"})
+#: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover);
+#: 58030 io_error (the database's own storage failed a read or write: the statement did
+#: nothing, and the fault is the server's, not the request's).
+_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006", "58030"})
+
+#: 53100 disk_full: PostgreSQL could not extend a file ("No space left on device"). The
+#: statement failed and its transaction rolled back; reads (and deletes, whose WAL fits) still
+#: work. A 503 that says so (``DiskFull``), and a log line an operator can alert on
+#: (docs/operations.md).
+DISK_FULL = "53100"
 
 #: 55000 (object not in prerequisite state) means "database is not currently accepting
 #: connections" when it is raised while connecting (SQLAlchemy then has no statement; the hot
@@ -131,7 +139,12 @@ def domain_error(exc: Exception, *, connecting: bool = False) -> BrokerError | N
     """What a driver failure becomes: ``Unavailable`` (503) or ``InternalError`` (500, logged
     by SQLSTATE and constraint only); None for an exception that is not the driver's."""
     if is_unavailable(exc, connecting=connecting):
-        log.warning("database unavailable: %s", type(exc).__name__)
+        state = sqlstate(exc)
+        if state == DISK_FULL:
+            log.warning("database out of disk space (sqlstate %s): writes fail", state)
+            return DiskFull()
+        where = f" (sqlstate {state})" if state else ""
+        log.warning("database unavailable: %s%s", type(exc).__name__, where)
         return Unavailable()
     if isinstance(exc, (sa_exc.SQLAlchemyError, asyncpg.PostgresError)):
         log.error(

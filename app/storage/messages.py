@@ -137,7 +137,12 @@ async def find_queue_ids(hot: HotPath, names: Sequence[str]) -> dict[str, int]:
 
 class PublishInDoubt(Exception):
     """The connection failed after the publish statement was sent: it may have committed.
-    ``settle_in_doubt`` with the same receipt says which way it went."""
+    ``settle_in_doubt`` with the same receipt says which way it went. ``cause``: the 503 to
+    answer if it did not (e.g. the database is out of disk space)."""
+
+    def __init__(self, cause: Unavailable | None = None) -> None:
+        self.cause = cause or Unavailable()
+        super().__init__(self.cause.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,9 +251,9 @@ async def insert_copies(
             rows = await _execute_insert(conn, statement, params, returning=handoff is not None)
             if handoff is None:
                 return []
-    except Unavailable:
+    except Unavailable as exc:
         if sent:
-            raise PublishInDoubt() from None
+            raise PublishInDoubt(exc) from None
         raise
     return _match_handed(rows, copies, handoff.owners, params["headers"], params["properties"])
 

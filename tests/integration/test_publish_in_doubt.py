@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from app.broker import publisher as publisher_module
-from app.errors import InternalError, Unavailable
+from app.errors import DiskFull, InternalError, Unavailable
 from app.storage import messages as store
 from app.storage.database import Database
 from app.storage.dsn import asyncpg_dsn
@@ -125,3 +125,25 @@ async def test_old_receipts_are_swept(db: Database, database_url: str) -> None:
     assert await store.sweep_receipts(db.hot, 300) == 1
     rows = await execute(database_url, "SELECT count(*) FROM publish_receipts WHERE $1", True)
     assert rows[0][0] == 1
+
+
+async def test_a_full_disk_is_not_in_doubt(
+    db: Database, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """53100 is PostgreSQL's answer to the statement (it rolled back): the publish is a 503
+    that says the disk is full at once, without a settle, whose receipt insert a full disk
+    would refuse too (tests/faults/test_disk_full.py)."""
+
+    async def disk_full(*_args: Any, **_kw: Any) -> None:
+        raise store.PublishInDoubt(DiskFull())
+
+    async def settle(hot: Any, receipt: str) -> bool:
+        raise AssertionError("a full disk's refusal was settled as if in doubt")
+
+    monkeypatch.setattr(store, "insert_copies", disk_full)
+    monkeypatch.setattr(store, "settle_in_doubt", settle)
+    publisher, _metrics, woken = publisher_for(db)
+    with pytest.raises(DiskFull, match="out of disk space"):
+        await publisher.publish_to_queue(ADMIN, "q1", [message()])
+    assert await count(queue) == 0
+    assert woken == []

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from app.errors import InternalError, Unavailable
+from app.errors import DiskFull, InternalError, Unavailable
 from app.storage import driver_errors
 from app.storage.tables import metadata
 
@@ -35,6 +35,9 @@ UNAVAILABLE = [
     E.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
     E.InterfaceError("connection is closed"),
     ConnectionResetError("reset by peer"),
+    E.DiskFullError('could not extend file "base/1/2": No space left on device'),
+    E.InsufficientResourcesError("out of shared memory"),
+    E.PostgresIOError('could not read block 0 in file "base/1/2": Input/output error'),
 ]
 
 NOT_UNAVAILABLE = [
@@ -94,3 +97,17 @@ def test_sqlstate_and_constraint_read_both_forms() -> None:
 def test_every_constraint_in_the_table_exists() -> None:
     names = {c.name for table in metadata.tables.values() for c in table.constraints}
     assert set(driver_errors.CONSTRAINTS) <= names
+
+
+def test_a_full_disk_is_a_503_that_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """53100 (tests/faults/test_disk_full.py): the client and the log are told the database
+    is out of disk space, without the driver's text (it names files)."""
+    exc = E.DiskFullError('could not extend file "base/1/2": No space left on device')
+    for form in (exc, wrapped(exc)):
+        with caplog.at_level(logging.WARNING, logger="messagex.storage"):
+            mapped = driver_errors.domain_error(form)
+        assert isinstance(mapped, DiskFull)
+        assert isinstance(mapped, Unavailable)
+        assert mapped.code == "unavailable"
+        assert "out of disk space (sqlstate 53100)" in caplog.text
+        assert "base/1/2" not in caplog.text + mapped.message
