@@ -85,7 +85,7 @@ def _uses(nodes: list[dict[str, Any]], relation: str, index: str) -> bool:
     [
         (deliveries.LOCK_EXPIRED_READY, {"n": 2000}),  # the copies that take the retry path
         (deliveries.ANY_EXPIRED_READY, {}),  # the idle sweep's probe
-        (deliveries.DISCARD_EXPIRED, {"n": 10_000}),  # the bulk delete
+        (deliveries.DISCARD_EXPIRED, {"n": 25_000}),  # the bulk delete (EXPIRY_DISCARD_BATCH)
     ],
     ids=["lock", "probe", "discard"],
 )
@@ -141,8 +141,8 @@ async def test_the_bulk_expiry_delete_stops_after_its_batch(
             ttl,
         )
         await conn.execute("ANALYZE messages")
-        nodes = await _plan(conn, _statement(deliveries.DISCARD_EXPIRED), {"n": 10_000}, mode)
-        # an index scan, or a bitmap of the expired entries whose heap scan the Limit stops
+        nodes = await _plan(conn, _statement(deliveries.DISCARD_EXPIRED), {"n": 25_000}, mode)
+        # an index scan, or a bitmap of the expired entries whose heap read the Limit stops
         assert "ix_messages_expiry" in {n.get("Index Name") for n in nodes}, nodes
         assert not [n for n in _scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
         assert not [n for n in nodes if n["Node Type"] in ("Sort", "Hash Join")], nodes
