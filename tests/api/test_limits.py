@@ -291,8 +291,11 @@ def test_drop_head_in_a_fan_out_trims_each_queue_and_not_the_delayed(
 
     batch([{"routing_key": key, "body": i} for i in range(3)])
     batch(
-        [{"routing_key": key, "body": 3}, {"routing_key": key, "body": 4}]
-        + [{"routing_key": key, "body": "later", "delay_ms": 60_000}]
+        [
+            {"routing_key": key, "body": 3},
+            {"routing_key": key, "body": 4},
+            {"routing_key": key, "body": "later", "delay_ms": 60_000},
+        ]
     )
     for q in queues:
         assert bodies(adm, q, "ready") == [2, 3, 4]
