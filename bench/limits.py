@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +42,9 @@ def full_limit(count: int) -> int:
 
 #: the limit of the ws scenario: never reached
 ROOMY_LIMIT = 10_000_000
-#: backlog of the claim scenarios (full, smoke)
-BACKLOG = (1_000_000, 2_000)
+#: backlog of the claim scenarios (full, smoke); ``MX_BENCH_CLAIM_BACKLOG`` sets the full one
+#: (RabbitMQ takes about 15 minutes to take 1,000,000 persistent messages on a loaded VM)
+BACKLOG = (int(os.environ.get("MX_BENCH_CLAIM_BACKLOG", "1000000")), 2_000)
 
 FILL = """
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, body, available_at, priority)

@@ -518,15 +518,12 @@ class Publisher:
     ) -> None:
         """``_insert_admitted`` where every limited queue only deletes its head (drop-head, a
         limit on copies, no dead-letter target: the common case): lock, insert, trim in one
-        transaction on the hot path (storage/limits.py, ``insert_and_trim``)."""
-
-        async def insert(conn: Any) -> None:
-            await store.insert_copies(
-                self.db.hot, messages, copies, receipt, priorities=priorities, within=conn
-            )
-
+        transaction on the hot path (storage/limits.py, ``insert_and_trim``: where it can, the
+        trim is part of the INSERT's statement)."""
         try:
-            dropped = await limits_store.insert_and_trim(self.db.hot, limited, insert)
+            dropped = await limits_store.insert_and_trim(
+                self.db.hot, limited, messages, copies, receipt, priorities
+            )
         except Unavailable as exc:
             await self._settle_in_doubt(receipt, exc)  # stored (returns) or not (503)
             return

@@ -35,7 +35,7 @@ SWEEP_BATCH = 500
 #: rows per transaction when sweeping expired copies (contract §13)
 EXPIRY_BATCH = 2000
 #: rows per statement when deleting expired copies that no dead-letter target wants
-EXPIRY_DISCARD_BATCH = 10_000
+EXPIRY_DISCARD_BATCH = 25_000
 
 
 #: "<message id>.<128 bits in lowercase hex>": ASCII digits only, so ``int`` reads the id

@@ -261,12 +261,27 @@ async def insert_copies(
 async def _execute_insert(
     conn: asyncpg.Connection, statement: Statement, params: dict[str, Any], *, returning: bool
 ) -> Sequence[Any]:
+    if not returning:
+        await execute_insert(conn, statement, params)
+        return []
     try:
-        if not returning:
-            await conn.execute(statement.sql, *statement.args(params))
-            return []
         rows: Sequence[Any] = await conn.fetch(statement.sql, *statement.args(params))
         return rows
+    except asyncpg.ForeignKeyViolationError as exc:
+        if constraint(exc) == FK_MESSAGES_QUEUE:
+            raise QueueDeleted() from None
+        raise
+
+
+async def execute_insert(
+    conn: asyncpg.Connection, statement: Statement, params: dict[str, Any]
+) -> str:
+    """Run a statement that inserts copies (INSERT_COPIES or one built on it); its status
+    (``"DELETE 3"`` for one whose last part deletes). QueueDeleted when a target queue is
+    gone (the foreign key)."""
+    try:
+        status: str = await conn.execute(statement.sql, *statement.args(params))
+        return status
     except asyncpg.ForeignKeyViolationError as exc:
         if constraint(exc) == FK_MESSAGES_QUEUE:
             raise QueueDeleted() from None

@@ -164,8 +164,7 @@ _GROUP_ID = "CAST(m.properties AS jsonb) ->> 'group_id'"
 # won (FK violation: QueueDeleted, nothing stored). The same statement inserts the group's
 # publish receipt (a writable CTE runs exactly once), so the receipt commits exactly when the
 # copies do: see messages.settle_in_doubt.
-_INSERT_COPIES = f"""
-WITH {_RECEIPT}, {_TTL}
+INSERT_COPY_ROWS = f"""
 INSERT INTO messages (queue_id, message_id, exchange, routing_key, headers, properties,
                       body, "binary", available_at, expires_at, priority, group_id)
 SELECT c.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::jsonb,
@@ -179,6 +178,10 @@ FROM unnest(CAST(:copy_msg AS bigint[]), CAST(:copy_queue AS bigint[]),
 LEFT JOIN ttl AS t ON t.id = c.queue_id
 ORDER BY c.ord
 """
+#: the receipt and TTL CTEs that INSERT_COPY_ROWS needs (a statement that adds its own CTEs
+#: after them: the length-limited publish, storage/limits.py)
+INSERT_COPIES_WITH = f"WITH {_RECEIPT}, {_TTL}"
+_INSERT_COPIES = f"{INSERT_COPIES_WITH}\n{INSERT_COPY_ROWS}"
 INSERT_COPIES = Statement(text(_INSERT_COPIES))
 # The same, returning what the maxlen dead-lettering of the copies needs (reject-publish-dlx:
 # broker/limits.py stores the rejected copies, then dead-letters them in its transaction).

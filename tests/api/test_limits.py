@@ -269,6 +269,44 @@ def test_the_bytes_limit_counts_body_bytes_of_ready_copies(adm: httpx.Client) ->
     assert browse(adm, drop) == []
 
 
+def test_drop_head_in_a_fan_out_trims_each_queue_and_not_the_delayed(
+    srv: LiveServer, adm: httpx.Client
+) -> None:
+    """The trim that runs in the publish's own INSERT (storage/limits.py INSERT_TRIMMING):
+    two full queues in one publish, each trimmed by its own count; a delayed copy is stored
+    and does not count, so it drops nothing."""
+    queues = [fresh(), fresh()]
+    key = fresh("k")
+    for q in queues:
+        declare_queue(adm, q, arguments={"x-max-length": 3})
+        bind(adm, "amq.direct", q, key)
+    before = counter(
+        srv, "messagex_message_copies_dropped_total", reason="maxlen", outcome="discarded"
+    )
+
+    def batch(items: list[dict[str, Any]]) -> None:
+        r = adm.post("/exchanges/amq.direct/publish-batch", json={"messages": items})
+        assert r.status_code == 200, r.text
+        assert all(res["queues"] == sorted(queues) for res in r.json()["results"]), r.text
+
+    batch([{"routing_key": key, "body": i} for i in range(3)])
+    batch(
+        [
+            {"routing_key": key, "body": 3},
+            {"routing_key": key, "body": 4},
+            {"routing_key": key, "body": "later", "delay_ms": 60_000},
+        ]
+    )
+    for q in queues:
+        assert bodies(adm, q, "ready") == [2, 3, 4]
+        s = stats(adm, q)
+        assert (s["ready"], s["delayed"]) == (3, 1)
+    after = counter(
+        srv, "messagex_message_copies_dropped_total", reason="maxlen", outcome="discarded"
+    )
+    assert after - before == 4
+
+
 def test_delayed_and_in_flight_copies_do_not_count(url: str, adm: httpx.Client) -> None:
     q = fresh()
     declare_queue(adm, q, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})

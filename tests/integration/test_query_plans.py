@@ -648,6 +648,7 @@ async def test_the_length_rule_reads_only_the_limited_queue(
         (Statement(limits.HEAD), {"queue_id": busy, "n": 10}),
         (Statement(limits.HEAD), {"queue_id": prio, "n": 10}),
         (Statement(limits.TRIM_HEAD), {"queue_id": probed, "max_length": 4_000}),
+        (Statement(limits.INSERT_TRIMMING), _insert_trimming(probed, 4_000)),
     ]
     for statement, params in statements:
         await conn.execute(f"SET plan_cache_mode = {mode}")
@@ -658,6 +659,17 @@ async def test_the_length_rule_reads_only_the_limited_queue(
         assert not _unbounded(plan), plan
         nodes = list(_nodes(plan))
         assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+
+
+def _insert_trimming(queue_id: int, max_length: int) -> dict[str, Any]:
+    """INSERT_TRIMMING's parameters: one message into ``queue_id``, trimmed to the limit."""
+    from app.domain.model import OutgoingMessage
+    from app.storage.messages import insert_params
+
+    message = OutgoingMessage(body=b"1", binary=False, routing_key="k", message_id="m")
+    params = insert_params([("", message)], [(0, queue_id)], str(uuid.uuid4()))
+    params.update(trim_queue=[queue_id], trim_max=[max_length], trim_added=[1])
+    return params
 
 
 @pytest.mark.parametrize("mode", MODES)

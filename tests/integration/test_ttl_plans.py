@@ -85,7 +85,7 @@ def _uses(nodes: list[dict[str, Any]], relation: str, index: str) -> bool:
     [
         (deliveries.LOCK_EXPIRED_READY, {"n": 2000}),  # the copies that take the retry path
         (deliveries.ANY_EXPIRED_READY, {}),  # the idle sweep's probe
-        (deliveries.DISCARD_EXPIRED, {"n": 10_000}),  # the bulk delete
+        (deliveries.DISCARD_EXPIRED, {"n": 25_000}),  # the bulk delete (EXPIRY_DISCARD_BATCH)
     ],
     ids=["lock", "probe", "discard"],
 )
@@ -119,3 +119,32 @@ async def test_the_claim_of_an_expiring_queue_walks_its_index(
     scans = _scans(await _plan(conn, queries.CLAIM, params, mode))
     assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), scans
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_bulk_expiry_delete_stops_after_its_batch(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """With many copies expired at once, each DISCARD_EXPIRED batch walks ix_messages_expiry
+    in order and stops after its :n rows: no sort of every expired copy (as a join to queues
+    planned it, once per batch), however many have expired."""
+    ttl = await conn.fetchval("SELECT id FROM queues WHERE name = 'ttl'")
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        await conn.execute(
+            """
+            INSERT INTO messages (queue_id, message_id, exchange, routing_key, body, expires_at)
+            SELECT $1, 'gone' || g, '', 'k', '\\x00', now() - interval '1 minute'
+            FROM generate_series(1, 30000) AS g
+            """,
+            ttl,
+        )
+        await conn.execute("ANALYZE messages")
+        nodes = await _plan(conn, _statement(deliveries.DISCARD_EXPIRED), {"n": 25_000}, mode)
+        # an index scan, or a bitmap of the expired entries whose heap read the Limit stops
+        assert "ix_messages_expiry" in {n.get("Index Name") for n in nodes}, nodes
+        assert not [n for n in _scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
+        assert not [n for n in nodes if n["Node Type"] in ("Sort", "Hash Join")], nodes
+    finally:
+        await transaction.rollback()
