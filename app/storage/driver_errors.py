@@ -38,6 +38,9 @@ _DRIVER_CONNECTION_ERRORS: frozenset[type[BaseException]] = frozenset(
         asyncpg.exceptions.ConnectionDoesNotExistError,
         asyncpg.exceptions.InterfaceError,
         asyncpg.exceptions.InternalClientError,
+        # several hosts in DATABASE_URL and none of them the primary (target_session_attrs=
+        # read-write mid-failover: the old primary is down, the standby not promoted yet)
+        asyncpg.exceptions.TargetServerAttributeNotMatched,
     }
 )
 

@@ -1,0 +1,261 @@
+"""PostgreSQL primary failover under load (issue 25, item 2).
+
+Two brokers are given a multi-host DATABASE_URL naming a primary and its streaming standby
+(tests/faults/replica.py) with ``target_session_attrs=read-write``. Under load the primary is
+stopped hard (``pg_ctl stop -m immediate``) and the standby promoted (``pg_ctl promote``).
+
+Asserted, with a synchronous standby (``synchronous_standby_names`` set, ``synchronous_commit
+= on``): both brokers find the new primary by themselves (no restart, no new URL) within
+``FIND_SECONDS`` of the promotion, publishes and WebSocket push resume, every answer while no
+primary was reachable is a 503 (never a 500, never a hang), the publishes left in doubt are
+settled by publishing them again with the same message_id, and the checker finds nothing
+acknowledged lost.
+
+With an asynchronous standby, a commit returns once the primary alone has flushed it, so
+what the standby had not received when the primary died is gone: publishes answered 200,
+and acks and claims, in the last moments before the stop. That test measures and reports
+that loss and asserts only its bound: every violation the checker reports concerns a message
+whose publish was answered, or whose delivery was settled, at most ``ASYNC_WINDOW_SECONDS``
+before the stop (docs/operations.md, "High availability of the database").
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.faults.checker import Ledger, Report, check
+from tests.faults.harness import (
+    ADMIN,
+    BrokerProc,
+    Consumer,
+    Publisher,
+    TwinSampler,
+    brokers,
+    drain,
+    join_all,
+    queue_pair,
+    remaining_rows,
+)
+from tests.faults.pg import migrate
+from tests.faults.replica import ReplicaPair, replica_pair
+from tests.faults.test_blackhole import _retry_in_doubt
+from tests.support import wait_for
+
+#: the brokers must be publishing through the new primary this soon after its promotion
+FIND_SECONDS = 10.0
+#: how far before the stop a confirmed event may be lost with an asynchronous standby: the
+#: standby's lag on loopback is milliseconds; this leaves room for a loaded 2-core machine
+ASYNC_WINDOW_SECONDS = 2.0
+#: the primary stays down this long before the promotion (a failover manager's detection)
+DOWN_SECONDS = 1.0
+
+
+@dataclass
+class Failover:
+    report: Report
+    ledger: Ledger
+    stopped_at: float
+    promoted_at: float
+    first_publish: dict[str, float]  # broker → seconds from promotion to its first 200
+    push: float  # seconds from promotion to the first delivery of a post-promotion publish
+    ready: dict[str, float]  # broker → seconds from promotion to /readyz 200
+    retried: int
+    statuses: dict[str, int]  # "<outcome>:<status>" → count, of publishes that met the outage
+
+
+def _first_ok_after(ledger: Ledger, target: str, since: float) -> float | None:
+    """When the first publish sent to ``target`` after ``since`` was answered 200."""
+    with ledger.lock:
+        answered = [
+            p.invoked_at + (p.seconds or 0)
+            for p in ledger.publishes.values()
+            if p.target == target and p.outcome == "ok" and p.invoked_at > since
+        ]
+    return min(answered) if answered else None
+
+
+def _first_push_after(ledger: Ledger, since: float) -> float | None:
+    """When a message published (and confirmed) after ``since`` was first delivered."""
+    with ledger.lock:
+        fresh = {
+            p.message_id
+            for p in ledger.publishes.values()
+            if p.outcome == "ok" and p.invoked_at > since
+        }
+        times = [d.at for d in ledger.deliveries if d.message_id in fresh]
+    return min(times) if times else None
+
+
+def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) -> Failover:
+    url = pair.database("failover")
+    migrate(url)  # the migrations' engine takes the multi-host URL too
+    with brokers(url, logs, 2, ACK_TIMEOUT_SECONDS=3, ACK_TIMEOUT_CHECK_INTERVAL_MS=200) as (
+        a,
+        b,
+    ):
+        with a.client() as api:
+            specs = queue_pair(api, "fo", max_delivery_count=10)
+        names = [s.name for s in specs]
+        ledger, stop = Ledger(), threading.Event()
+        consumers = [
+            Consumer(ledger, [x.ws_url], names, stop, prefetch=5, seconds=seconds + 30)
+            for x in (a, b)
+        ]
+        pubs = [
+            Publisher(ledger, [x.api], names[0], stop, count=load, seconds=seconds, pace=0.005)
+            for x in (a, b, a, b)
+        ]
+        sampler = TwinSampler(ledger, url, names, stop)
+        for w in [*consumers, *pubs, sampler]:
+            w.start()
+        wait_for(lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= 50, 30)
+
+        pair.primary.stop("immediate")
+        stopped_at = time.monotonic()
+        # no primary at all for a while: every request is answered 503, none hangs
+        wait_for(lambda: time.monotonic() - stopped_at > DOWN_SECONDS, DOWN_SECONDS + 1, 0.05)
+        pair.standby.promote()
+        promoted_at = time.monotonic()
+
+        first_publish = {}
+        for broker in (a, b):
+            at = wait_for(
+                lambda broker=broker: _first_ok_after(ledger, broker.api, promoted_at),  # type: ignore[misc]
+                FIND_SECONDS + 20,
+                0.02,
+                f"a publish through {broker.port} after the promotion",
+            )
+            first_publish[str(broker.port)] = at - promoted_at
+        push_at = wait_for(
+            lambda: _first_push_after(ledger, promoted_at), FIND_SECONDS + 20, 0.02, "push"
+        )
+        ready = {}
+        for broker in (a, b):
+            with httpx.Client(base_url=broker.base_url, timeout=10) as ops:
+                wait_for(lambda ops=ops: ops.get("/readyz").status_code == 200, 20, 0.05)  # type: ignore[misc]
+            ready[str(broker.port)] = time.monotonic() - promoted_at
+
+        # some load after the failover, then stop
+        wait_for(lambda: time.monotonic() - promoted_at > 3, 5, 0.05)
+        stop.set()
+        join_all([*pubs, *consumers, sampler], 60)
+        with httpx.Client(base_url=a.api, auth=ADMIN, timeout=30) as api:
+            retried = _retry_in_doubt(ledger, api)
+        drain(ledger, b.ws_url, url, specs, timeout=30)
+        report = check(ledger, specs, remaining_rows(url, names))
+        _assert_no_server_errors([a, b])
+        assert a.alive() and b.alive()
+
+    statuses: dict[str, int] = {}
+    for p in ledger.publishes.values():
+        if p.invoked_at + (p.seconds or 0) > stopped_at and p.invoked_at < promoted_at:
+            key = f"{p.outcome}:{p.status}"
+            statuses[key] = statuses.get(key, 0) + 1
+    # whatever met the outage was answered 200 (after the promotion) or 503, never a 500 or a
+    # dropped connection
+    assert all(p.status in (200, 503) for p in ledger.publishes.values()), statuses
+    assert any(key.endswith(":503") for key in statuses), statuses  # the outage was felt
+    result = Failover(
+        report,
+        ledger,
+        stopped_at,
+        promoted_at,
+        first_publish,
+        push_at - promoted_at,
+        ready,
+        retried,
+        statuses,
+    )
+    print(_describe(pair, result))
+    assert max(first_publish.values()) < FIND_SECONDS, first_publish
+    assert result.push < FIND_SECONDS, result.push
+    return result
+
+
+def _assert_no_server_errors(started: list[BrokerProc]) -> None:
+    """No driver error the broker did not take for unavailability (it would answer 500)."""
+    for broker in started:
+        log = broker.log_text()
+        assert "database error" not in log, log[-4000:]
+        assert "Exception in ASGI application" not in log, log[-4000:]
+
+
+def _describe(pair: ReplicaPair, r: Failover) -> str:
+    kind = "synchronous" if pair.synchronous else "asynchronous"
+    ok = r.ledger.count("ok")
+    times = ", ".join(f"{port}: {s:.2f} s" for port, s in r.first_publish.items())
+    ready = ", ".join(f"{port}: {s:.2f} s" for port, s in r.ready.items())
+    return (
+        f"failover ({kind} standby): {ok} publishes confirmed; after the promotion the first "
+        f"200 per broker {times}; push {r.push:.2f} s; /readyz {ready}; outcomes of the "
+        f"publishes that met the outage {r.statuses}; {r.retried} in doubt published again; "
+        f"{r.report.summary()}"
+    )
+
+
+def _mid(entry: str) -> str:
+    """The message id a checker entry is about (entries start with it)."""
+    return re.split(r"[: ]", entry, maxsplit=1)[0]
+
+
+def _confirmed_at(ledger: Ledger, mid: str) -> list[float]:
+    """When anything about ``mid`` was confirmed to a client: its publish answered, its
+    deliveries' settles answered."""
+    with ledger.lock:
+        times = []
+        pub = ledger.publishes.get(mid)
+        if pub is not None and pub.seconds is not None:
+            times.append(pub.invoked_at + pub.seconds)
+        times += [d.settled_at for d in ledger.deliveries if d.message_id == mid and d.settled_at]
+        times += [d.at for d in ledger.deliveries if d.message_id == mid]
+    return times
+
+
+def test_failover_synchronous_standby_loses_nothing(logs: Path) -> None:
+    with replica_pair(synchronous=True) as pair:
+        result = run_failover(pair, logs, load=1500, seconds=30)
+    assert result.report.clean, result.report.summary()
+
+
+def test_failover_asynchronous_standby_loss_is_bounded(logs: Path) -> None:
+    with replica_pair(synchronous=False) as pair:
+        result = run_failover(pair, logs, load=1500, seconds=30)
+    _assert_async_loss_bounded(result)
+
+
+def _assert_async_loss_bounded(result: Failover) -> None:
+    """What an asynchronous standby may lose is what was confirmed just before the stop:
+    every violation is about a message confirmed (published, delivered or settled) within
+    ``ASYNC_WINDOW_SECONDS`` before it. Measured, not required to be zero."""
+    report = result.report
+    window_start = result.stopped_at - ASYNC_WINDOW_SECONDS
+    outside = []
+    for name in report.VIOLATIONS:
+        for entry in getattr(report, name):
+            times = _confirmed_at(result.ledger, _mid(entry))
+            if not any(window_start <= t <= result.stopped_at + 0.5 for t in times):
+                outside.append(f"{name}: {entry}")
+    print(
+        f"asynchronous standby: {len(report.lost)} confirmed publishes lost, "
+        f"{sum(len(getattr(report, n)) for n in report.VIOLATIONS)} violations in all, "
+        f"{len(outside)} outside the {ASYNC_WINDOW_SECONDS:.0f} s before the stop"
+    )
+    assert not outside, outside[:10]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "async"])
+def test_failover_long(logs: Path, synchronous: bool) -> None:
+    with replica_pair(synchronous=synchronous) as pair:
+        result = run_failover(pair, logs, load=20000, seconds=120)
+    if synchronous:
+        assert result.report.clean, result.report.summary()
+    else:
+        _assert_async_loss_bounded(result)
