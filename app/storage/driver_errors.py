@@ -50,9 +50,13 @@ _DRIVER_CONNECTION_ERRORS: frozenset[type[BaseException]] = frozenset(
 #: (admin/crash shutdown, cannot connect now, database dropped, query cancelled by timeout).
 _UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53", "57"})
 
+#: 25006 read_only_sql_transaction: the connection's server is not (or no longer) the primary;
+#: both paths drop such a connection (database.py, fastpath.py) so the next one finds it
+READ_ONLY = "25006"
+
 #: Single SQLSTATEs with the same meaning: 3D000 the database does not exist (dropped or not
 #: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover).
-_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006"})
+_UNAVAILABLE_SQLSTATES = frozenset({"3D000", READ_ONLY})
 
 #: 55000 (object not in prerequisite state) means "database is not currently accepting
 #: connections" when it is raised while connecting (SQLAlchemy then has no statement; the hot

@@ -55,10 +55,16 @@ def libpq_url(url: str) -> str:
     """``url`` as any PostgreSQL client reads it (libpq, psycopg, asyncpg): unchanged, except
     that several ``host=`` parameters (SQLAlchemy's multi-host form) become libpq's host list,
     ``postgresql://u@h1:p1,h2:p2/db``. For ``messagex database-url``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or len(_query_hosts(rest)) < 2:
+    if len(_query_hosts(url)) < 2:
         return url
     return asyncpg_dsn(url)
+
+
+def wants_primary(url: str) -> bool:
+    """Whether ``url`` asks for a read-write server (``target_session_attrs=read-write`` or
+    ``primary``): then a connection whose server turned read-only is left for another."""
+    query = parse_qsl(url.partition("?")[2], keep_blank_values=True)
+    return any(k == "target_session_attrs" and v in ("read-write", "primary") for k, v in query)
 
 
 def _split(rest: str) -> tuple[str, str, str, str]:
@@ -69,8 +75,8 @@ def _split(rest: str) -> tuple[str, str, str, str]:
     return auth + at, hostspec, slash + path, query
 
 
-def _query_hosts(rest: str) -> list[str]:
-    return [v for k, v in parse_qsl(rest.partition("?")[2], keep_blank_values=True) if k == "host"]
+def _query_hosts(url: str) -> list[str]:
+    return [v for k, v in parse_qsl(url.partition("?")[2], keep_blank_values=True) if k == "host"]
 
 
 def _hosts_in_query(rest: str) -> str:

@@ -14,12 +14,15 @@ from typing import Any
 
 import asyncpg
 
-from app.storage.dsn import asyncpg_dsn
+from app.storage.dsn import asyncpg_dsn, wants_primary
 
 log = logging.getLogger("messagex.listener")
 
 #: PostgreSQL caps a NOTIFY payload just under 8000 bytes.
 MAX_PAYLOAD = 7900
+
+#: the keep-alive query: is this server read-only (a standby, or fenced)?
+_READ_ONLY_CHECK = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
 
 
 class Listener:
@@ -34,6 +37,11 @@ class Listener:
         connect_timeout: float = 5.0,
     ) -> None:
         self.dsn = asyncpg_dsn(dsn)
+        #: DATABASE_URL asks for the primary (``target_session_attrs``, docs/operations.md
+        #: "High availability of the database"): the keep-alive check then also leaves a
+        #: server that turned read-only (fenced in a failover), and reconnecting finds the
+        #: new primary, where the other brokers' NOTIFYs go
+        self.wants_primary = wants_primary(self.dsn)
         self.channel = channel
         self.on_message = on_message
         self.on_connected = on_connected
@@ -103,7 +111,11 @@ class Listener:
             if self._lost.is_set():
                 raise ConnectionError("the LISTEN connection was closed")
             async with self._lock:
-                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.connect_timeout)
+                read_only = await asyncio.wait_for(
+                    self._conn.fetchval(_READ_ONLY_CHECK), self.connect_timeout
+                )
+            if read_only and self.wants_primary:
+                raise ConnectionError("the LISTEN connection's server is no longer the primary")
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -220,6 +220,14 @@ class ReplicaPair:
         )
         return int(rows[0]["lag"]) if rows and rows[0]["lag"] is not None else -1
 
+    def fence_primary(self) -> None:
+        """The primary made read-only without stopping it (``default_transaction_read_only``,
+        which its open sessions take up too), as a failover manager fences an old primary it
+        can still reach; then wait until the standby has replayed everything."""
+        self.primary.query("ALTER SYSTEM SET default_transaction_read_only = on")
+        self.primary.query("SELECT pg_reload_conf()")
+        wait_for(lambda: self.replay_lag_bytes() == 0, 30, 0.05, "standby caught up")
+
     def fail_over(self) -> tuple[float, float]:
         """The primary stopped hard (``pg_ctl stop -m immediate``: no shutdown checkpoint, every
         session cut) and the standby promoted. Returns (monotonic time the stop began,

@@ -93,7 +93,12 @@ def _first_push_after(ledger: Ledger, since: float) -> float | None:
     return min(times) if times else None
 
 
-def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) -> Failover:
+def run_failover(
+    pair: ReplicaPair, logs: Path, *, load: int, seconds: float, fence: bool = False
+) -> Failover:
+    """Load on two brokers; the primary stopped hard (``fence``: left running but made
+    read-only, as a failover manager fences it), the standby promoted DOWN_SECONDS later;
+    then the checks of the module's docstring."""
     url = pair.database("failover")
     migrate(url)  # the migrations' engine takes the multi-host URL too
     with brokers(url, logs, 2, ACK_TIMEOUT_SECONDS=3, ACK_TIMEOUT_CHECK_INTERVAL_MS=200) as (
@@ -117,7 +122,10 @@ def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) ->
             w.start()
         wait_for(lambda: sum(d.outcome == "acked" for d in ledger.deliveries) >= 50, 30)
 
-        pair.primary.stop("immediate")
+        if fence:
+            pair.fence_primary()
+        else:
+            pair.primary.stop("immediate")
         stopped_at = time.monotonic()
         # no primary at all for a while: every request is answered 503, none hangs
         wait_for(lambda: time.monotonic() - stopped_at > DOWN_SECONDS, DOWN_SECONDS + 1, 0.05)
@@ -141,6 +149,9 @@ def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) ->
             with httpx.Client(base_url=broker.base_url, timeout=10) as ops:
                 wait_for(lambda ops=ops: ops.get("/readyz").status_code == 200, 20, 0.05)  # type: ignore[misc]
             ready[str(broker.port)] = time.monotonic() - promoted_at
+        # both LISTEN connections are on the new primary, where NOTIFYs now go
+        wait_for(lambda: _listeners(pair) == 2, FIND_SECONDS + 5, 0.1, "LISTEN on the new primary")
+        ready["listen"] = time.monotonic() - promoted_at
 
         # some load after the failover, then stop
         wait_for(lambda: time.monotonic() - promoted_at > 3, 5, 0.05)
@@ -151,7 +162,8 @@ def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) ->
         drain(ledger, b.ws_url, url, specs, timeout=30)
         report = check(ledger, specs, remaining_rows(url, names))
         _assert_no_server_errors([a, b])
-        assert a.alive() and b.alive()
+        assert a.alive()
+        assert b.alive()
 
     statuses: dict[str, int] = {}
     for p in ledger.publishes.values():
@@ -177,6 +189,13 @@ def run_failover(pair: ReplicaPair, logs: Path, *, load: int, seconds: float) ->
     assert max(first_publish.values()) < FIND_SECONDS, first_publish
     assert result.push < FIND_SECONDS, result.push
     return result
+
+
+def _listeners(pair: ReplicaPair) -> int:
+    rows = pair.standby.query(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'messagex-listener'"
+    )
+    return int(rows[0]["n"])
 
 
 def _assert_no_server_errors(started: list[BrokerProc]) -> None:
@@ -221,6 +240,15 @@ def _confirmed_at(ledger: Ledger, mid: str) -> list[float]:
 def test_failover_synchronous_standby_loses_nothing(logs: Path) -> None:
     with replica_pair(synchronous=True) as pair:
         result = run_failover(pair, logs, load=1500, seconds=30)
+    assert result.report.clean, result.report.summary()
+
+
+def test_failover_fenced_primary(logs: Path) -> None:
+    """The old primary stays up but read-only (fenced) while the standby is promoted: the
+    brokers' pooled connections to it get "cannot execute ... in a read-only transaction"
+    (503), are dropped, and new ones find the new primary; the LISTEN connection moves too."""
+    with replica_pair(synchronous=False) as pair:
+        result = run_failover(pair, logs, load=1500, seconds=30, fence=True)
     assert result.report.clean, result.report.summary()
 
 
