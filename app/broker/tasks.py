@@ -7,6 +7,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from app.errors import Unavailable
+
 log = logging.getLogger("messagex.tasks")
 
 
@@ -49,5 +51,9 @@ async def every(interval: float, fn: Any, name: str) -> None:
             await fn()
         except asyncio.CancelledError:
             raise
+        except Unavailable:
+            # the database is down or failing over: expected, and said once per period
+            # without a traceback (the storage layer logged the cause)
+            log.warning("periodic task %s failed: the database is unavailable", name)
         except Exception:
             log.exception("periodic task %s failed", name)
