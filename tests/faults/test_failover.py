@@ -6,10 +6,10 @@ stopped hard (``pg_ctl stop -m immediate``) and the standby promoted (``pg_ctl p
 
 Asserted, with a synchronous standby (``synchronous_standby_names`` set, ``synchronous_commit
 = on``): both brokers find the new primary by themselves (no restart, no new URL) within
-``FIND_SECONDS`` of the promotion, publishes and WebSocket push resume, every answer while no
-primary was reachable is a 503 (never a 500, never a hang), the publishes left in doubt are
-settled by publishing them again with the same message_id, and the checker finds nothing
-acknowledged lost.
+``FIND_SECONDS`` of the promotion, publishes, WebSocket push and REST pull resume, every
+answer while no primary was reachable is a 503 (never a 500, never a hang), the publishes left
+in doubt are settled by publishing them again with the same message_id, and the checker finds
+nothing acknowledged lost.
 
 CI runs the synchronous case and the fenced old primary (~35 s each); ``-m slow`` adds the
 asynchronous case and a longer run of both (20 s of load, 5 s without a primary, 20 s more).
@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.checker import Ledger, QueueSpec, Report, check
+from tests.faults.checker import Delivery, Ledger, QueueSpec, Report, check
 from tests.faults.harness import (
     ADMIN,
     BrokerProc,
@@ -75,6 +75,7 @@ class Failover:
     promoted_at: float
     first_publish: dict[str, float]  # broker → seconds from promotion to its first 200
     push: float  # seconds from promotion to the first delivery of a post-promotion publish
+    pull: dict[str, float]  # broker → seconds from promotion to a pulled and acked message
     ready: dict[str, float]  # broker → seconds from promotion to /readyz 200
     retried: int
     statuses: dict[str, int]  # "<outcome>:<status>" → count, of publishes that met the outage
@@ -91,6 +92,30 @@ def _first_ok_after(ledger: Ledger, target: str, since: float) -> float | None:
             if p.target == target and p.outcome == "ok" and p.invoked_at > since
         ]
     return min(answered) if answered else None
+
+
+def _pull_one(broker: BrokerProc, ledger: Ledger, queue: str) -> bool:
+    """Pull one message from ``queue`` through ``broker`` (REST) and ack it, recording both in
+    the ledger; False while the broker answers 503 or the queue is empty."""
+    with broker.client(timeout=15) as api:
+        r = api.post(f"/queues/{queue}/get", json={"max_messages": 1})
+        if r.status_code != 200 or not r.json()["messages"]:
+            return False
+        m = r.json()["messages"][0]
+        d = Delivery(
+            consumer="pull",
+            connection=f"pull/{broker.port}",
+            queue=queue,
+            message_id=m["message_id"],
+            tag=m["delivery_tag"],
+            delivery_count=m["delivery_count"],
+            redelivered=m["redelivered"],
+            at=time.monotonic(),
+        )
+        ledger.delivered(d)
+        ack = api.post(f"/deliveries/{d.tag}/ack")
+        ledger.settled(d, "acked" if ack.status_code == 204 else f"ack_rejected:{ack.status_code}")
+        return ack.status_code == 204
 
 
 def _answered_between(ledger: Ledger, start: float, end: float) -> int:
@@ -199,6 +224,15 @@ def run_failover(
         push_at = wait_for(
             lambda: _first_push_after(ledger, promoted_at), FIND_SECONDS + 20, 0.02, "push"
         )
+        pull = {}
+        for broker in (a, b):
+            wait_for(
+                lambda broker=broker: _pull_one(broker, ledger, parked.name),  # type: ignore[misc]
+                FIND_SECONDS + 20,
+                0.02,
+                f"a pull through {broker.port}",
+            )
+            pull[str(broker.port)] = time.monotonic() - promoted_at
         ready = {}
         for broker in (a, b):
             with httpx.Client(base_url=broker.base_url, timeout=10) as ops:
@@ -238,6 +272,7 @@ def run_failover(
         promoted_at,
         first_publish,
         push_at - promoted_at,
+        pull,
         ready,
         retried,
         statuses,
@@ -247,6 +282,7 @@ def run_failover(
     print(_describe(pair, result))
     assert max(first_publish.values()) < FIND_SECONDS, first_publish
     assert result.push < FIND_SECONDS, result.push
+    assert max(pull.values()) < FIND_SECONDS, pull
     assert slowest < ANSWER_BOUND, slowest  # answered, never left hanging
     return result
 
@@ -273,11 +309,12 @@ def _describe(pair: ReplicaPair, r: Failover) -> str:
     ok = r.ledger.count("ok")
     times = ", ".join(f"{port}: {s:.2f} s" for port, s in r.first_publish.items())
     ready = ", ".join(f"{port}: {s:.2f} s" for port, s in r.ready.items())
+    pull = ", ".join(f"{port}: {s:.2f} s" for port, s in r.pull.items())
     return (
         f"failover ({kind}): {ok} publishes confirmed; after the promotion the first "
-        f"200 per broker {times}; push {r.push:.2f} s; /readyz {ready}; outcomes of the "
-        f"publishes that met the outage {r.statuses}, slowest answer {r.slowest:.2f} s; "
-        f"{r.retried} in doubt published again; "
+        f"200 per broker {times}; push {r.push:.2f} s; pull+ack {pull}; /readyz {ready}; "
+        f"outcomes of the publishes that met the outage {r.statuses}, slowest answer "
+        f"{r.slowest:.2f} s; {r.retried} in doubt published again; "
         f"{r.report.summary()}"
     )
 
