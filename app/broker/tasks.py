@@ -44,16 +44,16 @@ class TaskOwner:
 
 
 async def every(interval: float, fn: Any, name: str) -> None:
-    """Run ``await fn()`` every ``interval`` seconds; a failure is logged and the loop goes on."""
+    """Run ``await fn()`` every ``interval`` seconds; a failure is logged and the loop goes on.
+    A database that cannot serve now (down, restarting, out of disk space) is a one-line
+    warning: it is not a bug, and the storage layer has already logged why."""
     while True:
         await asyncio.sleep(interval)
         try:
             await fn()
         except asyncio.CancelledError:
             raise
-        except Unavailable:
-            # the database is down or failing over: expected, and said once per period
-            # without a traceback (the storage layer logged the cause)
-            log.warning("periodic task %s failed: the database is unavailable", name)
+        except Unavailable as exc:
+            log.warning("periodic task %s failed: %s", name, exc.message)
         except Exception:
             log.exception("periodic task %s failed", name)

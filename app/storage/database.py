@@ -12,7 +12,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.storage import dsn, planner
-from app.storage.driver_errors import READ_ONLY, guard, sqlstate
+from app.storage.driver_errors import guard
 from app.storage.fastpath import HotPath, command_timeout
 
 #: A connection as the layers above storage hold it (they never use SQLAlchemy themselves).
@@ -47,21 +47,9 @@ def create_engine(
             "server_settings": server_settings,
         },
     )
-    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
     event.listen(engine.sync_engine, "handle_error", _read_only_is_disconnect)
+    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
     return engine
-
-
-def _read_only_is_disconnect(context: Any) -> None:
-    """A statement refused as read-only (25006): this connection's server is no longer the
-    primary (a failover fenced it read-only, or a DNS name moved to another server). Taken
-    as a disconnect, so SQLAlchemy discards the connection and every pooled one opened
-    before it (they reached the same server), and the next checkout connects afresh: with
-    a multi-host DATABASE_URL and ``target_session_attrs=read-write``, to the new primary.
-    The request itself gets a 503 (docs/operations.md, "High availability of the database").
-    """
-    if sqlstate(context.original_exception) == READ_ONLY:
-        context.is_disconnect = True
 
 
 def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -78,6 +66,20 @@ def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) ->
     raw = getattr(dbapi_connection, "_connection", None)  # the asyncpg connection
     if raw is not None and raw.is_closed():
         raise sa_exc.DisconnectionError("the server closed this pooled connection")
+
+
+def _read_only_is_disconnect(context: Any) -> None:
+    """A statement refused as read-only (25006): this connection's server is no longer the
+    primary (a failover fenced it read-only, or a DNS name moved to another server). Taken
+    as a disconnect, so SQLAlchemy discards the connection and every pooled one opened
+    before it (they reached the same server), and the next checkout connects afresh: with
+    a multi-host DATABASE_URL and ``target_session_attrs=read-write``, to the new primary.
+    The request itself gets a 503 (docs/operations.md, "High availability of the database").
+    """
+    from app.storage import driver_errors
+
+    if driver_errors.sqlstate(context.original_exception) == driver_errors.READ_ONLY:
+        context.is_disconnect = True
 
 
 class Database:

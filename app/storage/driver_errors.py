@@ -50,13 +50,9 @@ _DRIVER_CONNECTION_ERRORS: frozenset[type[BaseException]] = frozenset(
 #: (admin/crash shutdown, cannot connect now, database dropped, query cancelled by timeout).
 _UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53", "57"})
 
-#: 25006 read_only_sql_transaction: the connection's server is not (or no longer) the primary;
-#: both paths drop such a connection (database.py, fastpath.py) so the next one finds it
-READ_ONLY = "25006"
-
 #: Single SQLSTATEs with the same meaning: 3D000 the database does not exist (dropped or not
 #: created yet); 25006 a read-only transaction (we reached a standby, e.g. mid-failover).
-_UNAVAILABLE_SQLSTATES = frozenset({"3D000", READ_ONLY})
+_UNAVAILABLE_SQLSTATES = frozenset({"3D000", "25006"})
 
 #: 55000 (object not in prerequisite state) means "database is not currently accepting
 #: connections" when it is raised while connecting (SQLAlchemy then has no statement; the hot
@@ -68,6 +64,11 @@ _CONNECT_ONLY_SQLSTATES = frozenset({"55000"})
 #: 54000 program_limit_exceeded: e.g. an index row over the btree limit (~2.7 kB): a binding's
 #: key and arguments too large → 422
 PROGRAM_LIMIT_EXCEEDED = "54000"
+
+#: 25006 read_only_sql_transaction (one of the unavailable ones above): the connection's server
+#: is not, or no longer, the primary. Both paths drop such a connection (database.py,
+#: fastpath.py) so that the next one finds the primary.
+READ_ONLY = "25006"
 
 #: messages.queue_id → queues: a queue the publish routed to was deleted meanwhile
 FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"

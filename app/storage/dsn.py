@@ -60,13 +60,6 @@ def libpq_url(url: str) -> str:
     return asyncpg_dsn(url)
 
 
-def wants_primary(url: str) -> bool:
-    """Whether ``url`` asks for a read-write server (``target_session_attrs=read-write`` or
-    ``primary``): then a connection whose server turned read-only is left for another."""
-    query = parse_qsl(url.partition("?")[2], keep_blank_values=True)
-    return any(k == "target_session_attrs" and v in ("read-write", "primary") for k, v in query)
-
-
 def _split(rest: str) -> tuple[str, str, str, str]:
     """(user info with its ``@`` or "", host list, path, query) of a URL after its scheme."""
     rest, _, query = rest.partition("?")

@@ -11,18 +11,23 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 import asyncpg
 
-from app.storage.dsn import asyncpg_dsn, wants_primary
+from app.storage.dsn import asyncpg_dsn
 
 log = logging.getLogger("messagex.listener")
 
 #: PostgreSQL caps a NOTIFY payload just under 8000 bytes.
 MAX_PAYLOAD = 7900
 
-#: the keep-alive query: is this server read-only (a standby, or fenced)?
-_READ_ONLY_CHECK = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
+
+def wants_primary(dsn: str) -> bool:
+    """Whether ``dsn`` asks for a read-write server (``target_session_attrs=read-write`` or
+    ``primary``): then a connection whose server turned read-only is left for another."""
+    query = parse_qsl(dsn.partition("?")[2], keep_blank_values=True)
+    return any(k == "target_session_attrs" and v in ("read-write", "primary") for k, v in query)
 
 
 class Listener:
@@ -37,16 +42,16 @@ class Listener:
         connect_timeout: float = 5.0,
     ) -> None:
         self.dsn = asyncpg_dsn(dsn)
-        #: DATABASE_URL asks for the primary (``target_session_attrs``, docs/operations.md
-        #: "High availability of the database"): the keep-alive check then also leaves a
-        #: server that turned read-only (fenced in a failover), and reconnecting finds the
-        #: new primary, where the other brokers' NOTIFYs go
-        self.wants_primary = wants_primary(self.dsn)
         self.channel = channel
         self.on_message = on_message
         self.on_connected = on_connected
         self.keepalive_seconds = keepalive_seconds
         self.connect_timeout = connect_timeout
+        #: the URL asks for the primary (``target_session_attrs``, docs/operations.md "High
+        #: availability of the database"): the keep-alive check then also leaves a server
+        #: that turned read-only (fenced in a failover), and reconnecting finds the new
+        #: primary, where the other brokers' NOTIFYs go
+        self.wants_primary = wants_primary(self.dsn)
         self._conn: Any = None
         #: the server pid of the LISTEN connection while it is up (diagnosis, §19)
         self.backend_pid: int | None = None
@@ -112,7 +117,11 @@ class Listener:
                 raise ConnectionError("the LISTEN connection was closed")
             async with self._lock:
                 read_only = await asyncio.wait_for(
-                    self._conn.fetchval(_READ_ONLY_CHECK), self.connect_timeout
+                    self._conn.fetchval(
+                        "SELECT pg_is_in_recovery()"
+                        " OR current_setting('transaction_read_only')::bool"
+                    ),
+                    self.connect_timeout,
                 )
             if read_only and self.wants_primary:
                 raise ConnectionError("the LISTEN connection's server is no longer the primary")

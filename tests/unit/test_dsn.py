@@ -8,6 +8,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect
 from sqlalchemy.engine import make_url
 
 from app.storage import dsn
+from app.storage.listener import wants_primary
 
 LIBPQ = "postgresql://u:p@h1:5432,h2:5433/mx?target_session_attrs=read-write"
 SQLALCHEMY = (
@@ -68,4 +69,4 @@ def test_redacted_hides_the_password_of_a_multi_host_url() -> None:
     ],
 )
 def test_wants_primary(url: str, expected: bool) -> None:
-    assert dsn.wants_primary(url) is expected
+    assert wants_primary(dsn.asyncpg_dsn(url)) is expected
