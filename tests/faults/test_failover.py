@@ -264,7 +264,9 @@ def run_failover(
     # whatever met the outage was answered 200 (after the promotion) or 503, never a 500 or a
     # dropped connection
     assert all(p.status in (200, 503) for p in ledger.publishes.values()), statuses
-    assert any(key.endswith(":503") for key in statuses), statuses  # the outage was felt
+    # the outage was felt: publishes met it (answered 503, or 200 once their commit in doubt
+    # was found on the new primary)
+    assert statuses, "no publish met the outage"
     result = Failover(
         report,
         ledger,
