@@ -57,7 +57,9 @@ def _database_url(settings: Settings, args: argparse.Namespace) -> int:
     """Print the broker's database URL, for services that publish and ack in their own
     transactions (contract §18): DATABASE_URL as set, else the running embedded server's."""
     if settings.database_url is not None:
-        print(settings.database_url)
+        from app.storage.dsn import libpq_url
+
+        print(libpq_url(settings.database_url))  # several hosts: as every client reads them
         return 0
     from app.runtime import embedded_database_url
 

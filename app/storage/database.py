@@ -50,6 +50,7 @@ def create_engine(
             **pooler.dialect_args(pool_mode),
         },
     )
+    event.listen(engine.sync_engine, "handle_error", _read_only_is_disconnect)
     event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
     _set_on_connect(engine, pooler.session_setup(pool_mode, server_settings))
     return engine
@@ -81,6 +82,20 @@ def _refuse_closed_connection(dbapi_connection: Any, record: Any, proxy: Any) ->
     raw = getattr(dbapi_connection, "_connection", None)  # the asyncpg connection
     if raw is not None and raw.is_closed():
         raise sa_exc.DisconnectionError("the server closed this pooled connection")
+
+
+def _read_only_is_disconnect(context: Any) -> None:
+    """A statement refused as read-only (25006): this connection's server is no longer the
+    primary (a failover fenced it read-only, or a DNS name moved to another server). Taken
+    as a disconnect, so SQLAlchemy discards the connection and every pooled one opened
+    before it (they reached the same server), and the next checkout connects afresh: with
+    a multi-host DATABASE_URL and ``target_session_attrs=read-write``, to the new primary.
+    The request itself gets a 503 (docs/operations.md, "High availability of the database").
+    """
+    from app.storage import driver_errors
+
+    if driver_errors.sqlstate(context.original_exception) == driver_errors.READ_ONLY:
+        context.is_disconnect = True
 
 
 class Database:

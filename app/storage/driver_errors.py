@@ -38,6 +38,9 @@ _DRIVER_CONNECTION_ERRORS: frozenset[type[BaseException]] = frozenset(
         asyncpg.exceptions.ConnectionDoesNotExistError,
         asyncpg.exceptions.InterfaceError,
         asyncpg.exceptions.InternalClientError,
+        # several hosts in DATABASE_URL and none of them the primary (target_session_attrs=
+        # read-write mid-failover: the old primary is down, the standby not promoted yet)
+        asyncpg.exceptions.TargetServerAttributeNotMatched,
     }
 )
 
@@ -69,6 +72,11 @@ _CONNECT_ONLY_SQLSTATES = frozenset({"55000"})
 #: 54000 program_limit_exceeded: e.g. an index row over the btree limit (~2.7 kB): a binding's
 #: key and arguments too large → 422
 PROGRAM_LIMIT_EXCEEDED = "54000"
+
+#: 25006 read_only_sql_transaction (one of the unavailable ones above): the connection's server
+#: is not, or no longer, the primary. Both paths drop such a connection (database.py,
+#: fastpath.py) so that the next one finds the primary.
+READ_ONLY = "25006"
 
 #: messages.queue_id → queues: a queue the publish routed to was deleted meanwhile
 FK_MESSAGES_QUEUE = "fk_messages_queue_id_queues"

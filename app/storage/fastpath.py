@@ -116,6 +116,14 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     return None
 
 
+async def _drop_read_only(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    """A statement was refused as read-only: the server is no longer the primary (see
+    ``database._read_only_is_disconnect``). This connection is closed and the pool's others
+    are replaced as they are next released, so new ones find the primary."""
+    conn.terminate()
+    await pool.expire_connections()
+
+
 class HotPath:
     """Small asyncpg pools, opened on first use: one for the hot path's statements, and a
     smaller one for those that may keep generic plans (``connection(stable=True)``,
@@ -205,6 +213,10 @@ class HotPath:
                     # handed out again, and the pool's release does not wait (without a
                     # bound) for asyncpg's cancel request to get through.
                     conn.terminate()
+                    raise
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate == driver_errors.READ_ONLY:
+                        await _drop_read_only(pool, conn)
                     raise
         except BrokerError:
             raise  # domain errors, including those callers mapped from constraints

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 import asyncpg
 
@@ -29,6 +30,13 @@ MAX_PAYLOAD = 7900
 #: the LISTEN pid a process reports when it polls by choice (no backend has pid 0): its
 #: connection is transaction-pooled and it has no direct one (diagnosis, §19)
 POLLING_PID = 0
+
+
+def wants_primary(dsn: str) -> bool:
+    """Whether ``dsn`` asks for a read-write server (``target_session_attrs=read-write`` or
+    ``primary``): then a connection whose server turned read-only is left for another."""
+    query = parse_qsl(dsn.partition("?")[2], keep_blank_values=True)
+    return any(k == "target_session_attrs" and v in ("read-write", "primary") for k, v in query)
 
 
 class Listener:
@@ -53,6 +61,11 @@ class Listener:
         self.on_connected = on_connected
         self.keepalive_seconds = keepalive_seconds
         self.connect_timeout = connect_timeout
+        #: the URL asks for the primary (``target_session_attrs``, docs/operations.md "High
+        #: availability of the database"): the keep-alive check then also leaves a server
+        #: that turned read-only (fenced in a failover), and reconnecting finds the new
+        #: primary, where the other brokers' NOTIFYs go
+        self.wants_primary = wants_primary(self.dsn)
         self._conn: Any = None
         #: the server pid of the LISTEN connection while it is up (diagnosis, §19)
         self.backend_pid: int | None = None
@@ -119,7 +132,15 @@ class Listener:
             if self._lost.is_set():
                 raise ConnectionError("the LISTEN connection was closed")
             async with self._lock:
-                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.connect_timeout)
+                read_only = await asyncio.wait_for(
+                    self._conn.fetchval(
+                        "SELECT pg_is_in_recovery()"
+                        " OR current_setting('transaction_read_only')::bool"
+                    ),
+                    self.connect_timeout,
+                )
+            if read_only and self.wants_primary:
+                raise ConnectionError("the LISTEN connection's server is no longer the primary")
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -34,6 +34,7 @@ UNAVAILABLE = [
     E.QueryCanceledError("canceling statement due to statement timeout"),
     E.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
     E.InterfaceError("connection is closed"),
+    E.TargetServerAttributeNotMatched("None of the hosts match"),  # mid-failover: no primary
     ConnectionResetError("reset by peer"),
     E.DiskFullError('could not extend file "base/1/2": No space left on device'),
     E.InsufficientResourcesError("out of shared memory"),
