@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from app.storage import dsn, planner, pooler
+from app.storage import driver_errors, dsn, planner, pooler
 from app.storage.driver_errors import guard
 from app.storage.fastpath import HotPath, command_timeout
 
@@ -92,8 +92,6 @@ def _read_only_is_disconnect(context: Any) -> None:
     a multi-host DATABASE_URL and ``target_session_attrs=read-write``, to the new primary.
     The request itself gets a 503 (docs/operations.md, "High availability of the database").
     """
-    from app.storage import driver_errors
-
     if driver_errors.sqlstate(context.original_exception) == driver_errors.READ_ONLY:
         context.is_disconnect = True
 
