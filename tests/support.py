@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
 import orjson
+import pytest
 
 from app.broker.services import Services
 from app.config import Settings, load_settings
@@ -334,3 +335,11 @@ def dsn_as(url: str, user: str, database: str | None = None) -> str:
     host = parts.netloc.rpartition("@")[2]
     path = f"/{database}" if database is not None else parts.path
     return urlunsplit((parts.scheme, f"{user}@{host}", path, parts.query, parts.fragment))
+
+
+def unavailable_here(reason: str) -> NoReturn:
+    """A system tool or privilege a test needs is missing: skip it on a developer's machine,
+    but fail in CI (``CI`` set), where .ci/run installs what the suite needs."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)

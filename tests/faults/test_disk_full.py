@@ -52,7 +52,7 @@ from tests.faults.harness import (
     sql,
 )
 from tests.faults.pg import OwnPostgres, migrate
-from tests.support import wait_for
+from tests.support import unavailable_here, wait_for
 from tests.wsclient import WsClient
 
 #: bound on any answer while the disk is full or PostgreSQL is down (test_pg_restart's)
@@ -68,9 +68,7 @@ _dbs = itertools.count()
 
 def _cannot(reason: str) -> None:
     """No tmpfs here: skip, but in CI (root, ``CI`` set) the scenario must run."""
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    unavailable_here(reason)
 
 
 def incompressible(n: int) -> str:

@@ -21,7 +21,15 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
-from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, PgCluster, client, running_server
+from tests.support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    LiveServer,
+    PgCluster,
+    client,
+    running_server,
+    unavailable_here,
+)
 from tests.support import test_settings as settings_for
 
 CHROMIUM = Path(os.environ.get("MESSAGEX_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -40,10 +48,7 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="package")
 def playwright(ui_server: LiveServer) -> Iterator[Playwright]:
     if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable_here(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does it)")
     with sync_playwright() as p:
         yield p
 
