@@ -1,0 +1,190 @@
+"""How fast the survivors take over a broker process's WebSocket deliveries (issue 25).
+
+Two processes on one database; a consumer on A holds 20 deliveries, a consumer on B acks.
+
+- kill -9 of A: PostgreSQL ends A's LISTEN backend at once, and B's reaper (every 1 s) takes
+  A for dead once A's heartbeat is also 3 s old: B redelivers what A held within 5 s of the
+  kill, with no backdating (the ack timeout is 60 s, the heartbeat-only rule 15 s);
+- A's LISTEN connection terminated (a reconnect, A alive): A is never taken for dead, what
+  it holds stays with it, and nothing is delivered twice;
+- SIGTERM of A: it closes its sockets, releases what they held and leaves the process table
+  before it exits.
+
+Each run ends with a drain and the fault checker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.domain.presence import LISTEN_GONE_STALE_AFTER, TAKEOVER_CHECK_INTERVAL
+from tests.faults.checker import Ledger, QueueSpec, check
+from tests.faults.harness import (
+    BrokerProc,
+    Consumer,
+    Publisher,
+    TwinSampler,
+    brokers,
+    drain,
+    join_all,
+    queue_pair,
+    remaining_rows,
+    sql,
+)
+from tests.support import wait_for
+
+HOLD = 20
+#: kill (or SIGTERM) to redelivery by the survivor: the target of issue 25
+TAKEOVER_SECONDS = 5.0
+
+
+def hold(_frame: dict[str, Any]) -> str:
+    return "hold"
+
+
+@dataclass
+class Scene:
+    url: str
+    a: BrokerProc
+    b: BrokerProc
+    specs: list[QueueSpec]
+    ledger: Ledger
+    stop: threading.Event
+    holder: Consumer
+    steady: Consumer
+    workers: list[Any]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def held_ids(self) -> set[str]:
+        return {d.message_id for d in list(self.holder.held.values())}
+
+    def redelivered_on_b(self) -> set[str]:
+        return {
+            d.message_id
+            for d in list(self.ledger.deliveries)
+            if d.consumer == self.steady.name and d.redelivered
+        }
+
+    def process_row(self, broker: BrokerProc) -> dict[str, Any] | None:
+        rows = sql(
+            self.url,
+            "SELECT id::text AS id, listen_pid FROM broker_processes WHERE pid = $1",
+            broker.pid,
+        )
+        return rows[0] if rows else None
+
+    def finish(self) -> str:
+        """Stop the load, drain through B, and check the run; returns the summary."""
+        self.stop.set()
+        join_all(self.workers, 40)
+        drain(self.ledger, self.b.ws_url, self.url, self.specs)
+        report = check(self.ledger, self.specs, remaining_rows(self.url, self.names))
+        assert report.clean, report.summary()
+        return report.summary()
+
+
+@contextmanager
+def scene(database_url: str, logs: Path, queue: str, publishes: int) -> Iterator[Scene]:
+    """A and B on one database; A's consumer holds ``HOLD`` deliveries of ``queue``, B's
+    acks, publishers spread ``publishes`` over both."""
+    with brokers(
+        database_url, logs, 2, ACK_TIMEOUT_SECONDS=60, ACK_TIMEOUT_CHECK_INTERVAL_MS=200
+    ) as (a, b):
+        with b.client() as api:
+            specs = queue_pair(api, queue, max_delivery_count=3)
+        ledger, stop = Ledger(), threading.Event()
+        holder = Consumer(
+            ledger, [a.ws_url], [queue], stop, prefetch=HOLD, policy=hold, reconnect=False
+        )
+        holder.start()
+        wait_for(holder.connected.is_set, 10, message="A's consumer to subscribe")
+        steady = Consumer(ledger, [b.ws_url], [s.name for s in specs], stop, prefetch=10)
+        half = publishes // 2
+        pubs = [
+            Publisher(ledger, [a.api, b.api], queue, stop, count=half, seconds=30),
+            Publisher(ledger, [b.api, a.api], queue, stop, count=half, seconds=30),
+        ]
+        sampler = TwinSampler(ledger, database_url, [s.name for s in specs], stop)
+        for w in [steady, *pubs, sampler]:
+            w.start()
+        wait_for(lambda: holder.unsettled() >= HOLD, 20, message="A's consumer to hold 20")
+        yield Scene(
+            database_url, a, b, specs, ledger, stop, holder, steady, [holder, steady, *pubs, sampler]
+        )
+
+
+def test_kill9_survivor_redelivers_within_5_s(database_url: str, logs: Path) -> None:
+    with scene(database_url, logs, "takeover.kill", publishes=300) as s:
+        held = s.held_ids()
+        started = time.monotonic()
+        s.a.kill9()
+        wait_for(
+            lambda: held <= s.redelivered_on_b(),
+            TAKEOVER_SECONDS + 10,
+            message="B to redeliver what A's consumer held",
+        )
+        takeover = time.monotonic() - started
+        assert s.process_row(s.a) is None
+        summary = s.finish()
+        print(f"kill -9: redelivered by the survivor {takeover:.2f} s after the kill; {summary}")
+        assert takeover < TAKEOVER_SECONDS, f"takeover took {takeover:.2f} s"
+        assert "released the work of 1 dead broker process" in s.b.log_text()
+
+
+def test_listen_reconnect_is_not_taken_for_death(database_url: str, logs: Path) -> None:
+    with scene(database_url, logs, "takeover.listen", publishes=100) as s:
+        held = s.held_ids()
+        first = s.process_row(s.a)
+        assert first is not None and first["listen_pid"] is not None
+        pids = [first["listen_pid"]]
+        for _ in range(3):  # three reconnects in a row
+            sql(database_url, "SELECT pg_terminate_backend($1)", pids[-1])
+
+            def new_pid() -> int | None:
+                row = s.process_row(s.a)
+                assert row is not None and row["id"] == first["id"], "A was taken for dead"
+                pid = row["listen_pid"]
+                return pid if pid is not None and pid not in pids else None
+
+            pids.append(wait_for(new_pid, 10, message="A to report its new LISTEN backend"))
+        # Longer than the fast rule's grace plus two checks by B after the last reconnect:
+        # A keeps its row (never re-registered), what it holds stays in flight with it.
+        window = (LISTEN_GONE_STALE_AFTER + 2 * TAKEOVER_CHECK_INTERVAL).total_seconds()
+        deadline = time.monotonic() + window
+        while time.monotonic() < deadline:
+            row = s.process_row(s.a)
+            assert row is not None and row["id"] == first["id"], "A was taken for dead"
+            assert not held & s.redelivered_on_b(), "B redelivered what A holds"
+            time.sleep(0.2)
+        assert held <= s.held_ids()
+        assert "dead broker process" not in s.b.log_text()
+        print(f"LISTEN terminated 3 times (pids {pids}); {s.finish()}")
+
+
+def test_sigterm_releases_at_once(database_url: str, logs: Path) -> None:
+    with scene(database_url, logs, "takeover.term", publishes=100) as s:
+        held = s.held_ids()
+        started = time.monotonic()
+        assert s.a.terminate() == 0
+        exited = time.monotonic() - started
+        # it left the process table itself: nobody had to reap it
+        assert s.process_row(s.a) is None
+        wait_for(
+            lambda: held <= s.redelivered_on_b(),
+            TAKEOVER_SECONDS,
+            message="B to redeliver what A's consumer held",
+        )
+        takeover = time.monotonic() - started
+        summary = s.finish()
+        print(f"SIGTERM: A exited in {exited:.2f} s, redelivered after {takeover:.2f} s; {summary}")
+        assert "dead broker process" not in s.b.log_text()
+        assert takeover < 2.0
