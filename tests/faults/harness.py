@@ -231,10 +231,16 @@ class BrokerProc:
 
 
 def start_broker(
-    database_url: str, log_dir: Path, *, launcher: list[str] | None = None, **env: Any
+    database_url: str,
+    log_dir: Path,
+    *,
+    launcher: list[str] | None = None,
+    port: int | None = None,
+    **env: Any,
 ) -> BrokerProc:
-    """``messagex serve`` on a free loopback port; returns once /readyz is 200."""
-    port = free_port()
+    """``messagex serve`` on ``port`` (a free loopback port by default); returns once /readyz
+    is 200."""
+    port = port or free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"broker-{port}.log"
     command = launcher or [str(MESSAGEX)]
@@ -367,26 +373,31 @@ class Publisher(Worker):
 
     def publish_one(self, c: httpx.Client, target: str, mid: str) -> None:
         record = self.ledger.invoked(mid, self.queue, target)
+        outcome, status, code = self.attempt(c, mid)
+        self.ledger.published(record, outcome, status, code)
+        if outcome != "ok":
+            time.sleep(0.05 if status is None else 0.02)
+
+    def attempt(self, c: httpx.Client, mid: str) -> tuple[str, int | None, str | None]:
+        """Publish ``mid`` once: (outcome as the ledger records it, status, code)."""
         body = {"body": {"mid": mid, "pad": self.pad}, "properties": {"message_id": mid}}
         try:
             r = c.post(f"/queues/{self.queue}/messages", json=body)
         except httpx.ConnectError:
-            self.ledger.published(record, "failed", code="connect")  # nothing was sent
-            time.sleep(0.05)
-            return
+            return "failed", None, "connect"  # nothing was sent
         except httpx.TransportError as exc:
-            self.ledger.published(record, "unknown", code=type(exc).__name__)
-            time.sleep(0.05)
-            return
+            return "unknown", None, type(exc).__name__
         if r.status_code == 200:
             assert r.json()["message_id"] == mid, r.text
-            self.ledger.published(record, "ok", 200)
-        else:
-            problem = r.json() if "json" in r.headers.get("content-type", "") else {}
-            # a 503 whose in-doubt commit the broker could not settle says "it may have been"
-            outcome = "unknown" if "may have been" in str(problem.get("detail")) else "failed"
-            self.ledger.published(record, outcome, r.status_code, problem.get("code"))
-            time.sleep(0.02)
+            return "ok", 200, None
+        if "json" not in r.headers.get("content-type", ""):
+            # not the broker's answer but a proxy's: its 503 (no broker to send it to) sent
+            # nothing; after a 502 or 504 it may have been stored
+            return ("failed" if r.status_code == 503 else "unknown"), r.status_code, None
+        problem = r.json()
+        # a 503 whose in-doubt commit the broker could not settle says "it may have been"
+        outcome = "unknown" if "may have been" in str(problem.get("detail")) else "failed"
+        return outcome, r.status_code, problem.get("code")
 
 
 #: a consumer's policy for one delivery: "ack", "nack" (requeue), "reject" (requeue false),

@@ -118,7 +118,15 @@ def scene(database_url: str, logs: Path, queue: str, publishes: int) -> Iterator
             w.start()
         wait_for(lambda: holder.unsettled() >= HOLD, 20, message="A's consumer to hold 20")
         yield Scene(
-            database_url, a, b, specs, ledger, stop, holder, steady, [holder, steady, *pubs, sampler]
+            database_url,
+            a,
+            b,
+            specs,
+            ledger,
+            stop,
+            holder,
+            steady,
+            [holder, steady, *pubs, sampler],
         )
 
 
@@ -144,14 +152,16 @@ def test_listen_reconnect_is_not_taken_for_death(database_url: str, logs: Path) 
     with scene(database_url, logs, "takeover.listen", publishes=100) as s:
         held = s.held_ids()
         first = s.process_row(s.a)
-        assert first is not None and first["listen_pid"] is not None
+        assert first is not None
+        assert first["listen_pid"] is not None
         pids = [first["listen_pid"]]
         for _ in range(3):  # three reconnects in a row
             sql(database_url, "SELECT pg_terminate_backend($1)", pids[-1])
 
             def new_pid() -> int | None:
                 row = s.process_row(s.a)
-                assert row is not None and row["id"] == first["id"], "A was taken for dead"
+                assert row is not None, "A was taken for dead"
+                assert row["id"] == first["id"], "A registered again"
                 pid = row["listen_pid"]
                 return pid if pid is not None and pid not in pids else None
 
@@ -162,7 +172,8 @@ def test_listen_reconnect_is_not_taken_for_death(database_url: str, logs: Path) 
         deadline = time.monotonic() + window
         while time.monotonic() < deadline:
             row = s.process_row(s.a)
-            assert row is not None and row["id"] == first["id"], "A was taken for dead"
+            assert row is not None, "A was taken for dead"
+            assert row["id"] == first["id"], "A registered again"
             assert not held & s.redelivered_on_b(), "B redelivered what A holds"
             time.sleep(0.2)
         assert held <= s.held_ids()
