@@ -25,6 +25,7 @@ from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
 from bench import (
     backlog,
+    brokers,
     ceiling,
     expiry,
     filterops,
@@ -66,6 +67,8 @@ GROUPS = (
     "groups",
     "sqlpublish",
 )
+#: groups that ``all`` leaves out: run them by name (``python -m bench brokers``)
+OPT_IN_GROUPS = ("brokers",)
 NEEDS_BROKER = {
     "ceiling",
     "messagex",
@@ -78,6 +81,7 @@ NEEDS_BROKER = {
     "filterops",
     "groups",
     "sqlpublish",
+    "brokers",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -126,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="MessageX vs the raw-SQL ceiling vs RabbitMQ, in one run (loopback only).",
     )
-    p.add_argument("group", nargs="?", default="all", choices=("all", *GROUPS))
+    p.add_argument("group", nargs="?", default="all", choices=("all", *GROUPS, *OPT_IN_GROUPS))
     p.add_argument("--smoke", action="store_true", help="tiny counts, 10 s deadlines, no 1 M")
     p.add_argument("--count", type=int, help="messages per throughput scenario (2000; smoke 60)")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
@@ -201,6 +205,7 @@ ON_POSTGRES = frozenset(
         "filterops",
         "groups",
         "sqlpublish",
+        "brokers",
     }
 )
 
@@ -504,6 +509,9 @@ class Run:
     async def run_groups(self) -> None:
         await groups.run(self)  # issue 22, contract §16: bench/groups.py
 
+    async def run_brokers(self) -> None:
+        await brokers.run(self)  # issue 25: 1, 2, 3 brokers behind haproxy, bench/brokers.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -558,6 +566,7 @@ class Run:
             "filterops": self.run_filterops,
             "groups": self.run_groups,
             "sqlpublish": self.run_sqlpublish,
+            "brokers": self.run_brokers,
         }
         started = time.monotonic()
         try:

@@ -43,7 +43,8 @@ def config(
     balance: str = "leastconn",
 ) -> str:
     """haproxy.cfg: one HTTP frontend on 127.0.0.1:``port``, ``servers`` (name, port) on
-    loopback behind it, health-checked on /readyz. Mirrors deploy/haproxy.cfg."""
+    loopback behind it, health-checked on /readyz. deploy/haproxy.cfg with loopback ports, a
+    unix runtime socket, no resolvers and a lower maxconn (a test's open-file limit)."""
     lines = [
         "global",
         "    maxconn 4096",
@@ -52,6 +53,7 @@ def config(
         "defaults",
         "    mode http",
         "    option http-keep-alive",
+        "    option forwardfor",
         "    timeout connect 2s",
         "    timeout client 60s",
         "    timeout server 60s",

@@ -51,7 +51,7 @@ TAKEOVER_SECONDS = 5.0
 RETRY_SECONDS = 20.0
 #: bounds of each publisher (the tests end them sooner)
 PUBLISH_COUNT, PUBLISH_SECONDS = 20_000, 240.0
-BROKER_ENV = {"ACK_TIMEOUT_SECONDS": 60, "ACK_TIMEOUT_CHECK_INTERVAL_MS": 500}
+BROKER_ENV: dict[str, Any] = {"ACK_TIMEOUT_SECONDS": 60, "ACK_TIMEOUT_CHECK_INTERVAL_MS": 500}
 
 
 @pytest.fixture(autouse=True)
@@ -94,8 +94,8 @@ class RetryingPublisher(Publisher):
 
 class ClientConsumer(Worker):
     """messagex_client consuming ``queues`` through ``url``: every delivery recorded in the
-    ledger, acked after ``work`` seconds (those that come while ``hold`` is set: never); the client reconnects
-    and resubscribes by itself."""
+    ledger, acked after ``work`` seconds (those that come while ``hold`` is set: never); the
+    client reconnects and resubscribes by itself."""
 
     def __init__(
         self,
@@ -281,6 +281,14 @@ def process_of(database_url: str, broker: BrokerProc) -> str:
     return str(rows[0]["id"])
 
 
+def connection_of(k: ClientConsumer) -> str | None:
+    return None if k.client is None else k.client.connection_id
+
+
+def connections_of(k: ClientConsumer) -> int:
+    return 0 if k.client is None else k.client.connections
+
+
 def broker_of(c: Cluster, connection_id: str | None) -> str:
     """The name of the broker holding WebSocket connection ``connection_id``."""
     rows = sql(
@@ -304,10 +312,13 @@ def run_kill9(database_url: str, logs: Path, *, consumers: int, pace: float) -> 
         c.consumers.append(holder)
         wait_for(holder.ready.is_set, 20, message="the holder to subscribe")
         assert holder.client is not None
-        victim_name = broker_of(c, holder.client.connection_id)
+        victim_name = broker_of(c, connection_of(holder))
         victim = c.members[victim_name]
-        others = [k for k in c.consumers if k is not holder and k.client is not None]
-        on_victim = [k for k in others if broker_of(c, k.client.connection_id) == victim_name]
+        on_victim = [
+            k
+            for k in c.consumers
+            if k is not holder and broker_of(c, connection_of(k)) == victim_name
+        ]
 
         def holding() -> set[str]:
             return {
@@ -316,8 +327,10 @@ def run_kill9(database_url: str, logs: Path, *, consumers: int, pace: float) -> 
                 if d.consumer == holder.name and d.outcome == "unsettled"
             }
 
-        held = wait_for(lambda: len(h := holding()) >= 20 and h, 30, message="20 held")
-        before = {id(k): k.client.connections for k in [holder, *on_victim] if k.client}
+        wait_for(lambda: len(holding()) >= 20, 30, message="20 held")
+        held = holding()
+        moved = [holder, *on_victim]
+        before = {id(k): connections_of(k) for k in moved}
         killed = time.monotonic()
         victim.kill9()
         hold.clear()
@@ -328,17 +341,17 @@ def run_kill9(database_url: str, logs: Path, *, consumers: int, pace: float) -> 
         wait_for(lambda: redelivered() == held, TAKEOVER_SECONDS + 15, message="redelivery")
         takeover = time.monotonic() - killed
         # its consumers came back through haproxy, to the survivors
-        for k in [holder, *on_victim]:
-            wait_for(
-                lambda k=k: (
+        for k in moved:
+
+            def back(k: ClientConsumer = k) -> bool:
+                return (
                     k.client is not None
                     and k.client.connected
-                    and k.client.connections > before[id(k)]
-                ),
-                15,
-                message="a consumer of the killed broker to reconnect",
-            )
-            assert broker_of(c, k.client.connection_id) != victim_name
+                    and connections_of(k) > before[id(k)]
+                )
+
+            wait_for(back, 15, message="a consumer of the killed broker to reconnect")
+            assert broker_of(c, connection_of(k)) != victim_name
         c.proxy.wait_status(victim_name, "DOWN", within=10)
         # the survivors carry on
         wait_for(
