@@ -118,5 +118,5 @@ async def run(run: Run) -> None:
             await more.stop()
             more.cleanup()
     for r in run.results:
-        if r.group == GROUP and r.rate:
+        if r.group == GROUP and r.rate and r.extra.get("round") == run.round:
             print(f"  {r.name}: {r.rate:,.0f} msg/s, cores {r.extra.get('cores')}", flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.infra import free_port
+from tests.faults.loopback import LoopbackUrls
 
 HAPROXY = Path("/usr/sbin/haproxy")
 #: haproxy's health check of each broker: this often, marked down after FALL failures
@@ -80,7 +81,7 @@ def config(
     return "\n".join(lines) + "\n"
 
 
-class Haproxy:
+class Haproxy(LoopbackUrls):
     """haproxy on a free loopback port in front of ``servers`` (name, port)."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], *, balance: str = "leastconn") -> None:
@@ -91,18 +92,6 @@ class Haproxy:
         self.cfg.write_text(config(self.port, servers, self.socket_path, balance=balance))
         self.log = self.dir / "haproxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.base_url}/api/v1"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/api/v1/ws"
 
     def start(self, within: float = 20.0) -> None:
         """Run haproxy and wait until it answers /readyz through a broker."""

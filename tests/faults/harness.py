@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.storage.dsn import asyncpg_dsn
 from tests.faults.checker import Delivery, Ledger, QueueSpec
+from tests.faults.loopback import LoopbackUrls
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, free_port
 from tests.wsclient import WsClient, basic
 
@@ -175,7 +176,7 @@ def broker_env(database_url: str, **extra: Any) -> dict[str, str]:
 
 
 @dataclass
-class BrokerProc:
+class BrokerProc(LoopbackUrls):
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
@@ -184,18 +185,6 @@ class BrokerProc:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.base_url}/api/v1"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/api/v1/ws"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
