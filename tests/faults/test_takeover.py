@@ -8,13 +8,17 @@ Two processes on one database; a consumer on A holds 20 deliveries, a consumer o
 - A's LISTEN connection terminated (a reconnect, A alive): A is never taken for dead, what
   it holds stays with it, and nothing is delivered twice;
 - SIGTERM of A: it closes its sockets, releases what they held and leaves the process table
-  before it exits.
+  before it exits;
+- PostgreSQL restarted while B is paused (its LISTEN backend gone, its heartbeat old when
+  the database is back): A does not take B for dead.
 
 Each run ends with a drain and the fault checker.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.domain.presence import LISTEN_GONE_STALE_AFTER, TAKEOVER_CHECK_INTERVAL
+from app.domain.presence import (
+    LISTEN_GONE_STALE_AFTER,
+    PROCESS_STALE_AFTER,
+    TAKEOVER_CHECK_INTERVAL,
+)
 from tests.faults.checker import Ledger, QueueSpec, check
 from tests.faults.harness import (
     BrokerProc,
@@ -37,6 +45,7 @@ from tests.faults.harness import (
     remaining_rows,
     sql,
 )
+from tests.faults.pg import OwnPostgres, migrate
 from tests.support import wait_for
 
 HOLD = 20
@@ -199,3 +208,51 @@ def test_sigterm_releases_at_once(database_url: str, logs: Path) -> None:
         print(f"SIGTERM: A exited in {exited:.2f} s, redelivered after {takeover:.2f} s; {summary}")
         assert "dead broker process" not in s.b.log_text()
         assert takeover < 2.0
+
+
+def test_postgres_restart_is_not_taken_for_deaths(own_pg: OwnPostgres, logs: Path) -> None:
+    """B is paused (SIGSTOP) across a restart of PostgreSQL: when the database is back, B's
+    LISTEN backend is gone and its heartbeat old, as if it were dead, until it resumes. A
+    must not take it for dead by the fast rule (its heartbeat predates A's own LISTEN
+    connection); the 15 s rule is not reached."""
+    url = own_pg.database("takeover_restart")
+    migrate(url)
+    with brokers(url, logs, 2) as (a, b):
+
+        def rows() -> dict[int, str]:
+            found = sql(url, "SELECT pid, id::text AS id FROM broker_processes")
+            return {r["pid"]: r["id"] for r in found}
+
+        def listening(*brokers: BrokerProc) -> bool:
+            found = sql(
+                url,
+                "SELECT count(*) AS n FROM broker_processes p "
+                "JOIN pg_stat_activity s ON s.pid = p.listen_pid WHERE p.pid = ANY($1::int[])",
+                [x.pid for x in brokers],
+            )
+            return bool(found[0]["n"] == len(brokers))
+
+        wait_for(lambda: listening(a, b), 10, message="both LISTEN connections reported")
+        before = rows()
+        assert set(before) == {a.pid, b.pid}
+        os.kill(b.pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            own_pg.stop_server("immediate")
+            own_pg.start_server()
+            wait_for(lambda: listening(a), 20, message="A's LISTEN connection back")
+            # B's heartbeat is past the fast rule's grace; two checks by A after that
+            grace = LISTEN_GONE_STALE_AFTER.total_seconds()
+            window = grace + 2 * TAKEOVER_CHECK_INTERVAL.total_seconds()
+            deadline = max(time.monotonic(), paused + grace) + window
+            while time.monotonic() < deadline:
+                assert rows() == before, "B was taken for dead"
+                time.sleep(0.2)
+            paused_for = time.monotonic() - paused
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        wait_for(lambda: listening(a, b), 20, message="B's LISTEN connection back")
+        assert rows() == before
+        assert paused_for < PROCESS_STALE_AFTER.total_seconds() - 2, "the 15 s rule was near"
+        for broker in (a, b):
+            assert "dead broker process" not in broker.log_text()
