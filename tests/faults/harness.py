@@ -232,6 +232,10 @@ def start_broker(
     port = port or free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"broker-{port}.log"
+    for n in itertools.count(2):  # a replacement on the same port keeps the old log
+        if not log.exists():
+            break
+        log = log_dir / f"broker-{port}.{n}.log"
     command = launcher or [str(MESSAGEX)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
