@@ -49,13 +49,12 @@ WHERE s.connection_id = u.connection_id AND s.queue_id = u.queue_id
 # - its heartbeat is older than :stale seconds (any set-up: the fallback);
 # - fast: the backend of its LISTEN connection is gone from pg_stat_activity (PostgreSQL ends
 #   a dead client's backend at once) and its heartbeat is older than :grace seconds (a live
-#   process reconnecting its LISTEN keeps beating, and writes its new pid or NULL). Only while
-#   the reaper's own LISTEN connection (:my_listen_pid) is a backend of this server that was
-#   already up at that heartbeat: after a restart or a failover every pid recorded before it
-#   is gone while the processes live, and through a pooler (PgBouncer) the pids a client sees
-#   are not the server's, so the reaper's own is not found and the rule is off.
-# The queues they were subscribed to note when their subscriptions ended (the CTE reads the
-# subscription rows before the cascade deletes them).
+#   process reconnecting its LISTEN keeps beating, and writes its new pid or NULL). Only for
+#   a heartbeat written on this server since it last started: after a restart, or on a
+#   standby promoted since (its last replayed commit is at or after that heartbeat), every
+#   pid recorded before is gone while the processes live. And only while the reaper's own
+#   LISTEN backend (:my_listen_pid) is found: through a pooler (PgBouncer) the pids a client
+#   sees are not the server's, and the rule is off.
 REAP = text("""
 WITH dead AS (
     DELETE FROM broker_processes AS p
@@ -63,8 +62,10 @@ WITH dead AS (
       AND (p.heartbeat_at < now() - make_interval(secs => :stale)
            OR (p.listen_pid IS NOT NULL
                AND p.heartbeat_at < now() - make_interval(secs => :grace)
-               AND p.heartbeat_at > (SELECT a.backend_start FROM pg_stat_activity AS a
-                                     WHERE a.pid = CAST(:my_listen_pid AS integer))
+               AND p.heartbeat_at > pg_postmaster_start_time()
+               AND p.heartbeat_at > coalesce(pg_last_xact_replay_timestamp(), '-infinity')
+               AND EXISTS (SELECT 1 FROM pg_stat_activity AS a
+                           WHERE a.pid = CAST(:my_listen_pid AS integer))
                AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
                                WHERE a.pid = p.listen_pid)))
     RETURNING p.id

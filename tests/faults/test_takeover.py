@@ -213,8 +213,8 @@ def test_sigterm_releases_at_once(database_url: str, logs: Path) -> None:
 def test_postgres_restart_is_not_taken_for_deaths(own_pg: OwnPostgres, logs: Path) -> None:
     """B is paused (SIGSTOP) across a restart of PostgreSQL: when the database is back, B's
     LISTEN backend is gone and its heartbeat old, as if it were dead, until it resumes. A
-    must not take it for dead by the fast rule (its heartbeat predates A's own LISTEN
-    connection); the 15 s rule is not reached."""
+    must not take it for dead by the fast rule (its heartbeat predates the server's
+    start); the 15 s rule is not reached."""
     url = own_pg.database("takeover_restart")
     migrate(url)
     with brokers(url, logs, 2) as (a, b):
