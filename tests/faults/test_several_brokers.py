@@ -29,7 +29,14 @@ from typing import Any
 
 import httpx
 import pytest
-from messagex_client import Client, ConnectionLost, MessageXError, StaleDelivery, Subscription
+from messagex_client import (
+    Client,
+    ConnectionLost,
+    Message,
+    MessageXError,
+    StaleDelivery,
+    Subscription,
+)
 
 from tests.faults import haproxy
 from tests.faults.checker import Delivery, Ledger, QueueSpec, check
@@ -95,8 +102,9 @@ class RetryingPublisher(Publisher):
 
 class ClientConsumer(Worker):
     """messagex_client consuming ``queues`` through ``url``: every delivery recorded in the
-    ledger, acked after ``work`` seconds (those that come while ``hold`` is set: never); the
-    client reconnects and resubscribes by itself."""
+    ledger, acked after ``work`` seconds; those that come while ``hold`` is set are kept and
+    acked once it is cleared (stale ones raise, and are recorded as released). The client
+    reconnects and resubscribes by itself."""
 
     def __init__(
         self,
@@ -113,8 +121,9 @@ class ClientConsumer(Worker):
         super().__init__(f"client-{id(self) % 100_000}", stop)
         self.ledger, self.url, self.queues = ledger, url, queues
         self.prefetch, self.work_seconds, self.seconds = prefetch, work, seconds
-        #: while set, deliveries are held, never acked
+        #: while set, deliveries are kept, not acked
         self.hold = hold
+        self.kept: list[tuple[Message, Delivery]] = []
         self.client: Client | None = None
         self.ready = threading.Event()
 
@@ -141,6 +150,10 @@ class ClientConsumer(Worker):
             self.ready.set()
             while not self.stop_event.is_set() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+                if self.kept and self.hold is not None and not self.hold.is_set():
+                    kept, self.kept = self.kept, []
+                    for m, d in kept:
+                        await self._settle(m, d)
         finally:
             for task in tasks:
                 task.cancel()
@@ -162,18 +175,22 @@ class ClientConsumer(Worker):
             )
             self.ledger.delivered(d)
             if self.hold is not None and self.hold.is_set():
-                continue  # held: never settled (released when its connection closes)
+                self.kept.append((m, d))
+                continue
             await asyncio.sleep(self.work_seconds)
-            try:
-                await m.ack()
-            except StaleDelivery:  # its connection closed: released, comes again
-                self.ledger.settled(d, "unsettled")
-            except ConnectionLost:
-                self.ledger.settled(d, "ack_unconfirmed")
-            except MessageXError as exc:
-                self.ledger.settled(d, f"ack_rejected:{exc.code}")
-            else:
-                self.ledger.settled(d, "acked")
+            await self._settle(m, d)
+
+    async def _settle(self, m: Message, d: Delivery) -> None:
+        try:
+            await m.ack()
+        except StaleDelivery:  # its connection closed: released, comes again
+            self.ledger.settled(d, "unsettled")
+        except ConnectionLost:
+            self.ledger.settled(d, "ack_unconfirmed")
+        except MessageXError as exc:
+            self.ledger.settled(d, f"ack_rejected:{exc.code}")
+        else:
+            self.ledger.settled(d, "acked")
 
 
 @dataclass

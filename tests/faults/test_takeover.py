@@ -9,6 +9,8 @@ Two processes on one database; a consumer on A holds 20 deliveries, a consumer o
   it holds stays with it, and nothing is delivered twice;
 - SIGTERM of A: it closes its sockets, releases what they held and leaves the process table
   before it exits;
+- A taken for dead while alive (its heartbeat backdated): B redelivers, A registers again,
+  and the late ACKs of A's consumer are refused (never two owners);
 - PostgreSQL restarted while B is paused (its LISTEN backend gone, its heartbeat old when
   the database is back): A does not take B for dead.
 
@@ -38,6 +40,7 @@ from tests.faults.harness import (
     Consumer,
     Publisher,
     TwinSampler,
+    backdate_heartbeat,
     brokers,
     drain,
     join_all,
@@ -46,6 +49,7 @@ from tests.faults.harness import (
     sql,
 )
 from tests.faults.pg import OwnPostgres, migrate
+from tests.faults.test_several_brokers import ClientConsumer
 from tests.support import wait_for
 
 HOLD = 20
@@ -256,3 +260,55 @@ def test_postgres_restart_is_not_taken_for_deaths(own_pg: OwnPostgres, logs: Pat
         assert paused_for < PROCESS_STALE_AFTER.total_seconds() - 2, "the 15 s rule was near"
         for broker in (a, b):
             assert "dead broker process" not in broker.log_text()
+
+
+def test_live_broker_taken_for_dead_rejoins_and_its_late_acks_are_refused(
+    database_url: str, logs: Path
+) -> None:
+    """A wrong verdict (A alive, its heartbeat backdated) costs redeliveries, never two
+    owners: B releases and redelivers what A's consumer holds, A registers again at its next
+    heartbeat, and the consumer's late ACKs of the old deliveries are refused."""
+    with brokers(
+        database_url, logs, 2, ACK_TIMEOUT_SECONDS=60, ACK_TIMEOUT_CHECK_INTERVAL_MS=200
+    ) as (a, b):
+        with b.client() as api:
+            specs = queue_pair(api, "takeover.rejoin", max_delivery_count=3)
+        names = [spec.name for spec in specs]
+        ledger, stop = Ledger(), threading.Event()
+        keep = threading.Event()
+        keep.set()
+        holder = ClientConsumer(ledger, a.base_url, ["takeover.rejoin"], stop, hold=keep)
+        holder.start()
+        wait_for(holder.ready.is_set, 20, message="A's consumer to subscribe")
+        Publisher(ledger, [b.api], "takeover.rejoin", stop, count=HOLD).work()
+        wait_for(lambda: len(holder.kept) >= HOLD, 20, message="A's consumer to hold 20")
+        held = {d.message_id for _, d in holder.kept}
+        steady = Consumer(ledger, [b.ws_url], names, stop, prefetch=10)
+        steady.start()
+        process = sql(database_url, "SELECT id::text FROM broker_processes WHERE pid = $1", a.pid)
+        assert backdate_heartbeat(database_url, a.pid) == 1
+
+        def redelivered() -> set[str]:
+            return {
+                d.message_id
+                for d in list(ledger.deliveries)
+                if d.consumer == steady.name and d.redelivered
+            }
+
+        wait_for(lambda: held <= redelivered(), 10, message="B to redeliver what A holds")
+
+        def rejoined() -> bool:
+            again = sql(database_url, "SELECT id::text FROM broker_processes WHERE pid = $1", a.pid)
+            return again == process
+
+        wait_for(rejoined, 10, message="A to register again with its process id")
+        keep.clear()  # now the old deliveries' ACKs go out, on A's live connection
+        mine = [d for d in list(ledger.deliveries) if d.consumer == holder.name]
+        wait_for(lambda: all(d.outcome != "unsettled" for d in mine), 10, message="the late ACKs")
+        assert {d.outcome for d in mine} == {"ack_rejected:unknown_delivery_tag"}
+        stop.set()
+        join_all([holder, steady], 20)
+        drain(ledger, b.ws_url, database_url, specs)
+        report = check(ledger, specs, remaining_rows(database_url, names))
+        print(f"taken for dead while alive: 20 late ACKs refused; {report.summary()}")
+        assert report.clean, report.summary()
