@@ -25,6 +25,7 @@ from app.server import tune_gc
 from app.storage.fastpath import use_fast_array_checks
 from bench import (
     backlog,
+    brokers,
     ceiling,
     expiry,
     filterops,
@@ -67,8 +68,9 @@ GROUPS = (
     "groups",
     "sqlpublish",
 )
-#: groups only run when named (not by ``all``): ``pooler`` needs /usr/sbin/pgbouncer
-NAMED_ONLY = ("pooler",)
+#: groups only run when named (not by ``all``): ``pooler`` needs /usr/sbin/pgbouncer,
+#: ``brokers`` /usr/sbin/haproxy and two more broker processes
+NAMED_ONLY = ("pooler", "brokers")
 NEEDS_BROKER = {
     "ceiling",
     "messagex",
@@ -82,6 +84,7 @@ NEEDS_BROKER = {
     "groups",
     "sqlpublish",
     "pooler",
+    "brokers",
 }
 NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
 
@@ -206,6 +209,7 @@ ON_POSTGRES = frozenset(
         "groups",
         "sqlpublish",
         "pooler",
+        "brokers",
     }
 )
 
@@ -512,6 +516,9 @@ class Run:
     async def run_pooler(self) -> None:
         await pooler.run(self)  # issue 23, item 3: behind PgBouncer: bench/pooler.py
 
+    async def run_brokers(self) -> None:
+        await brokers.run(self)  # issue 25: 1, 2, 3 brokers behind haproxy, bench/brokers.py
+
     # -- the whole run ----------------------------------------------------------------------
 
     async def provision(self) -> None:
@@ -567,6 +574,7 @@ class Run:
             "groups": self.run_groups,
             "sqlpublish": self.run_sqlpublish,
             "pooler": self.run_pooler,
+            "brokers": self.run_brokers,
         }
         started = time.monotonic()
         try:

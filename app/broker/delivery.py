@@ -5,7 +5,7 @@
   (broker/dispatcher.py), credit ``Credit`` (broker/credit.py);
 - ``PullConsumers`` (broker/pull.py): HTTP get, long poll and the pulled deliveries' settlement;
 - ``Settlement`` (broker/settlement.py): every path that ends a delivery, and the retry loop;
-- ``Presence`` (broker/presence.py): the heartbeat, and the reaping of dead processes;
+- ``Presence`` (broker/presence.py): the heartbeat, and the reaping of dead processes (1 s);
 - ``SingleActive`` (broker/single_active.py): which subscriptions of single-active-consumer
   queues wait, and when one becomes active;
 - ``ClusterBus`` (broker/cluster.py): the typed events processes tell each other by NOTIFY;
@@ -26,7 +26,12 @@ from app.broker.consumers import ConsumerRegistry
 from app.broker.credentials import LIVENESS_SECONDS, CredentialChecks
 from app.broker.credit import RECONCILE_SECONDS, Credit
 from app.broker.dispatcher import Dispatcher
-from app.broker.presence import CLOSED_BY_ADMIN, HEARTBEAT_SECONDS, Presence
+from app.broker.presence import (
+    CLOSED_BY_ADMIN,
+    HEARTBEAT_SECONDS,
+    TAKEOVER_CHECK_SECONDS,
+    Presence,
+)
 from app.broker.pull import PullConsumers
 from app.broker.settlement import Settled, Settlement
 from app.broker.single_active import CHECK_SECONDS, SingleActive
@@ -126,6 +131,7 @@ class DeliveryEngine:
         self.dispatcher.start()
         spawn = self.tasks.spawn
         spawn(every(HEARTBEAT_SECONDS, self.presence.beat, "heartbeat"), name="heartbeat")
+        spawn(every(TAKEOVER_CHECK_SECONDS, self.presence.reap, "takeover"), name="takeover")
         interval = self.settings.ack_timeout_check_interval_ms / 1000
         spawn(every(interval, self.settlement.sweep_expired, "ack-timeout"), name="ack-timeout")
         spawn(

@@ -14,7 +14,7 @@ from sqlalchemy import func, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.domain.presence import PROCESS_STALE_AFTER
+from app.domain.presence import LISTEN_GONE_STALE_AFTER, PROCESS_STALE_AFTER
 
 
 def is_live(heartbeat_at: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -44,15 +44,31 @@ FROM unnest(CAST(:connections AS uuid[]), CAST(:queues AS bigint[]), CAST(:ats A
      AS u(connection_id, queue_id, at)
 WHERE s.connection_id = u.connection_id AND s.queue_id = u.queue_id
 """)
-# A process whose heartbeat is older than :stale seconds is dead; its subscriptions go with
-# it (ON DELETE CASCADE) and the caller releases what it held.
-# The queues they were subscribed to note when their subscriptions ended (the CTE reads the
-# subscription rows before the cascade deletes them).
+# A process is dead, and deleted here (its subscriptions go with it, ON DELETE CASCADE; the
+# caller releases what it held), by either rule of app/domain/presence.py:
+# - its heartbeat is older than :stale seconds (any set-up: the fallback);
+# - fast: the backend of its LISTEN connection is gone from pg_stat_activity (PostgreSQL ends
+#   a dead client's backend at once) and its heartbeat is older than :grace seconds (a live
+#   process reconnecting its LISTEN keeps beating, and writes its new pid or NULL). Only for
+#   a heartbeat written on this server since it last started: after a restart, or on a
+#   standby promoted since (its last replayed commit is at or after that heartbeat), every
+#   pid recorded before is gone while the processes live. And only while the reaper's own
+#   LISTEN backend (:my_listen_pid) is found: through a pooler (PgBouncer) the pids a client
+#   sees are not the server's, and the rule is off.
 REAP = text("""
 WITH dead AS (
-    DELETE FROM broker_processes
-    WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :me
-    RETURNING id
+    DELETE FROM broker_processes AS p
+    WHERE p.id <> :me
+      AND (p.heartbeat_at < now() - make_interval(secs => :stale)
+           OR (p.listen_pid IS NOT NULL
+               AND p.heartbeat_at < now() - make_interval(secs => :grace)
+               AND p.heartbeat_at > pg_postmaster_start_time()
+               AND p.heartbeat_at > coalesce(pg_last_xact_replay_timestamp(), '-infinity')
+               AND EXISTS (SELECT 1 FROM pg_stat_activity AS a
+                           WHERE a.pid = CAST(:my_listen_pid AS integer))
+               AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
+                               WHERE a.pid = p.listen_pid)))
+    RETURNING p.id
 ), ended AS (
     UPDATE queues SET unsubscribed_at = now()
     WHERE id IN (SELECT queue_id FROM subscriptions WHERE process_id IN (SELECT id FROM dead))
@@ -189,10 +205,18 @@ async def record_settled(conn: AsyncConnection, settled: Sequence[tuple[str, int
         )
 
 
-async def reap_dead_processes(conn: AsyncConnection, me: str) -> list[str]:
-    """Delete the processes other than ``me`` whose heartbeat is stale; returns their ids."""
-    stale = PROCESS_STALE_AFTER.total_seconds()
-    rows = (await conn.execute(REAP, {"me": me, "stale": stale})).all()
+async def reap_dead_processes(
+    conn: AsyncConnection, me: str, my_listen_pid: int | None = None
+) -> list[str]:
+    """Delete the processes other than ``me`` that are dead (REAP's two rules; the fast one
+    only with ``my_listen_pid``, this process's LISTEN backend); returns their ids."""
+    params = {
+        "me": me,
+        "stale": PROCESS_STALE_AFTER.total_seconds(),
+        "grace": LISTEN_GONE_STALE_AFTER.total_seconds(),
+        "my_listen_pid": my_listen_pid,
+    }
+    rows = (await conn.execute(REAP, params)).all()
     return [str(r[0]) for r in rows]
 
 

@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.storage.dsn import asyncpg_dsn
 from tests.faults.checker import Delivery, Ledger, QueueSpec
+from tests.faults.loopback import LoopbackUrls
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, free_port
 from tests.wsclient import WsClient, basic
 
@@ -175,7 +176,7 @@ def broker_env(database_url: str, **extra: Any) -> dict[str, str]:
 
 
 @dataclass
-class BrokerProc:
+class BrokerProc(LoopbackUrls):
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
@@ -184,18 +185,6 @@ class BrokerProc:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.base_url}/api/v1"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/api/v1/ws"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -231,12 +220,22 @@ class BrokerProc:
 
 
 def start_broker(
-    database_url: str, log_dir: Path, *, launcher: list[str] | None = None, **env: Any
+    database_url: str,
+    log_dir: Path,
+    *,
+    launcher: list[str] | None = None,
+    port: int | None = None,
+    **env: Any,
 ) -> BrokerProc:
-    """``messagex serve`` on a free loopback port; returns once /readyz is 200."""
-    port = free_port()
+    """``messagex serve`` on ``port`` (a free loopback port by default); returns once /readyz
+    is 200."""
+    port = port or free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"broker-{port}.log"
+    for n in itertools.count(2):  # a replacement on the same port keeps the old log
+        if not log.exists():
+            break
+        log = log_dir / f"broker-{port}.{n}.log"
     command = launcher or [str(MESSAGEX)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -367,26 +366,31 @@ class Publisher(Worker):
 
     def publish_one(self, c: httpx.Client, target: str, mid: str) -> None:
         record = self.ledger.invoked(mid, self.queue, target)
+        outcome, status, code = self.attempt(c, mid)
+        self.ledger.published(record, outcome, status, code)
+        if outcome != "ok":
+            time.sleep(0.05 if status is None else 0.02)
+
+    def attempt(self, c: httpx.Client, mid: str) -> tuple[str, int | None, str | None]:
+        """Publish ``mid`` once: (outcome as the ledger records it, status, code)."""
         body = {"body": {"mid": mid, "pad": self.pad}, "properties": {"message_id": mid}}
         try:
             r = c.post(f"/queues/{self.queue}/messages", json=body)
         except httpx.ConnectError:
-            self.ledger.published(record, "failed", code="connect")  # nothing was sent
-            time.sleep(0.05)
-            return
+            return "failed", None, "connect"  # nothing was sent
         except httpx.TransportError as exc:
-            self.ledger.published(record, "unknown", code=type(exc).__name__)
-            time.sleep(0.05)
-            return
+            return "unknown", None, type(exc).__name__
         if r.status_code == 200:
             assert r.json()["message_id"] == mid, r.text
-            self.ledger.published(record, "ok", 200)
-        else:
-            problem = r.json() if "json" in r.headers.get("content-type", "") else {}
-            # a 503 whose in-doubt commit the broker could not settle says "it may have been"
-            outcome = "unknown" if "may have been" in str(problem.get("detail")) else "failed"
-            self.ledger.published(record, outcome, r.status_code, problem.get("code"))
-            time.sleep(0.02)
+            return "ok", 200, None
+        if "json" not in r.headers.get("content-type", ""):
+            # not the broker's answer but a proxy's: its 503 (no broker to send it to) sent
+            # nothing; after a 502 or 504 it may have been stored
+            return ("failed" if r.status_code == 503 else "unknown"), r.status_code, None
+        problem = r.json()
+        # a 503 whose in-doubt commit the broker could not settle says "it may have been"
+        outcome = "unknown" if "may have been" in str(problem.get("detail")) else "failed"
+        return outcome, r.status_code, problem.get("code")
 
 
 #: a consumer's policy for one delivery: "ack", "nack" (requeue), "reject" (requeue false),

@@ -1,0 +1,184 @@
+"""haproxy in front of several broker processes, on loopback (issue 25).
+
+``Haproxy`` writes a configuration (the one deploy/haproxy.cfg shows, on free loopback
+ports), runs Debian's ``/usr/sbin/haproxy`` in the foreground, and talks to its runtime API
+over a unix socket: which servers are UP, and ``drain`` / ``ready`` for a rolling restart.
+HTTP and WebSocket both go through its one frontend. Used by tests/faults/test_several_brokers.py
+and by ``python -m bench brokers``; it needs only the standard library and httpx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from bench.infra import free_port
+from tests.faults.loopback import LoopbackUrls
+
+HAPROXY = Path("/usr/sbin/haproxy")
+#: haproxy's health check of each broker: this often, marked down after FALL failures
+CHECK_INTERVAL_MS = 500
+FALL = 2
+RISE = 1
+
+
+def missing() -> str | None:
+    """Why haproxy cannot run here, or None."""
+    if not HAPROXY.exists():
+        return f"{HAPROXY} is missing: apt-get install haproxy (.ci/run does it)"
+    return None
+
+
+def config(
+    port: int,
+    servers: Sequence[tuple[str, int]],
+    stats_socket: Path,
+    *,
+    balance: str = "leastconn",
+) -> str:
+    """haproxy.cfg: one HTTP frontend on 127.0.0.1:``port``, ``servers`` (name, port) on
+    loopback behind it, health-checked on /readyz. deploy/haproxy.cfg with loopback ports, a
+    unix runtime socket, no resolvers and a lower maxconn (a test's open-file limit)."""
+    lines = [
+        "global",
+        "    maxconn 4096",
+        f"    stats socket {stats_socket} mode 600 level admin",
+        "",
+        "defaults",
+        "    mode http",
+        "    option http-keep-alive",
+        "    option forwardfor",
+        "    timeout connect 2s",
+        "    timeout client 60s",
+        "    timeout server 60s",
+        "    timeout http-request 10s",
+        # a WebSocket, once upgraded, is a tunnel: only this applies to it
+        "    timeout tunnel 1h",
+        "    timeout client-fin 5s",
+        # a request whose connection to a broker failed (nothing sent) goes to another
+        "    retries 2",
+        "    option redispatch 1",
+        "",
+        "frontend messagex",
+        f"    bind 127.0.0.1:{port}",
+        "    default_backend brokers",
+        "",
+        "backend brokers",
+        f"    balance {balance}",
+        "    option httpchk",
+        "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost",
+        "    http-check expect status 200",
+        f"    default-server inter {CHECK_INTERVAL_MS}ms fall {FALL} rise {RISE}",
+    ]
+    lines += [f"    server {name} 127.0.0.1:{p} check" for name, p in servers]
+    return "\n".join(lines) + "\n"
+
+
+class Haproxy(LoopbackUrls):
+    """haproxy on a free loopback port in front of ``servers`` (name, port)."""
+
+    def __init__(self, servers: Sequence[tuple[str, int]], *, balance: str = "leastconn") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="messagex-haproxy-"))
+        self.port = free_port()
+        self.socket_path = self.dir / "admin.sock"
+        self.cfg = self.dir / "haproxy.cfg"
+        self.cfg.write_text(config(self.port, servers, self.socket_path, balance=balance))
+        self.log = self.dir / "haproxy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, within: float = 20.0) -> None:
+        """Run haproxy and wait until it answers /readyz through a broker."""
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(HAPROXY), "-db", "-f", str(self.cfg)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+        deadline = time.monotonic() + within
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"haproxy exited with {self.proc.returncode}:\n{self.log_text()}"
+                )
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"haproxy not serving within {within} s:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __enter__(self) -> Haproxy:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # -- the runtime API ---------------------------------------------------------------------
+
+    def command(self, line: str) -> str:
+        """One runtime API command; its answer."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket_path))
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def statuses(self) -> dict[str, str]:
+        """Each server's state as haproxy sees it (``UP``, ``DOWN``, ``DRAIN``, ``MAINT``...)."""
+        lines = self.command("show stat").splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        name, kind, status = header.index("svname"), header.index("type"), header.index("status")
+        out = {}
+        for row in lines[1:]:
+            cols = row.split(",")
+            if len(cols) > status and cols[kind] == "2":  # 2: a server
+                out[cols[name]] = cols[status]
+        return out
+
+    def drain(self, server: str) -> None:
+        """Send ``server`` no new connections; those it has go on (before stopping it)."""
+        self.command(f"set server brokers/{server} state drain")
+
+    def ready(self, server: str) -> None:
+        """Take ``server`` back (it is UP again once its health check passes)."""
+        self.command(f"set server brokers/{server} state ready")
+
+    def wait_status(self, server: str, wanted: str, within: float = 10.0) -> float:
+        """Poll until haproxy reports ``server`` in state ``wanted``; the seconds it took."""
+        started = time.monotonic()
+        while True:
+            found = self.statuses().get(server)
+            if found is not None and found.startswith(wanted):
+                return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise AssertionError(
+                    f"haproxy: {server} is {found}, not {wanted}, after {within} s"
+                )
+            time.sleep(0.05)
