@@ -462,6 +462,11 @@ class BrokerServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services = getattr(self.broker_app.state, "services", None)
+        # Stop accepting connections before the WebSockets are closed: the clients that
+        # reconnect at once must reach another broker, not this one (uvicorn closes the
+        # listeners again in its own shutdown, which is harmless).
+        for server in self.servers:
+            server.close()
         if services is not None:
             try:
                 await asyncio.wait_for(services.delivery.drain(), DRAIN_SECONDS)

@@ -59,6 +59,8 @@ class DeliveryEngine:
     ) -> None:
         self.settings = settings
         self.process_id = str(uuid.uuid4())
+        #: set by ``drain`` when the server starts shutting down (``/readyz`` 503)
+        self.shutting_down = False
         self.tasks = TaskOwner()
         self.hub = WakeHub()
         self.registry = ConsumerRegistry()
@@ -182,7 +184,10 @@ class DeliveryEngine:
 
     async def drain(self) -> None:
         """Close local WebSockets with 1001 and wait until their handlers have released what
-        they held (each connection's own disconnect does it)."""
+        they held (each connection's own disconnect does it). From now on the process is
+        shutting down: ``/readyz`` answers 503 and new WebSockets are refused, so that a load
+        balancer sends them, and clients reconnecting, to the other brokers."""
+        self.shutting_down = True
         await self.subscriptions.drain()
 
     async def stop(self) -> None:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from app import __version__
 from app.storage.dsn import asyncpg_dsn
@@ -51,6 +52,24 @@ def test_readyz_is_ready_on_a_migrated_database(server: LiveServer) -> None:
     r = httpx.get(f"{server.base_url}/readyz")
     assert r.status_code == 200, r.text
     assert r.json() == {"status": "ready"}
+
+
+def test_a_shutting_down_broker_is_not_ready_and_refuses_websockets(server: LiveServer) -> None:
+    """From SIGTERM on (``DeliveryEngine.drain``), a load balancer must stop sending to the
+    process and reconnecting clients must reach another one: /readyz 503 and upgrades 503.
+    Before: both were served until the listening socket closed, after the drain."""
+    delivery = server.server.broker_app.state.services.delivery
+    with WsClient.as_user(server.ws_url, ADMIN_USER, ADMIN_PASSWORD):
+        pass  # opens while running
+    delivery.shutting_down = True
+    try:
+        _assert_unavailable(httpx.get(f"{server.base_url}/readyz"))
+        with pytest.raises(InvalidStatus) as refused:
+            WsClient.as_user(server.ws_url, ADMIN_USER, ADMIN_PASSWORD)
+        assert refused.value.response.status_code == 503
+    finally:
+        delivery.shutting_down = False
+    assert httpx.get(f"{server.base_url}/readyz").status_code == 200
 
 
 def test_readyz_is_unavailable_when_the_schema_is_not_at_head(

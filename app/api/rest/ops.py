@@ -11,6 +11,7 @@ from starlette.responses import Response
 from app.api.deps import ServicesDep, UserDep
 from app.api.problems import problem_responses
 from app.broker.overview import Overview
+from app.errors import Unavailable
 
 router = APIRouter(tags=["operations"])
 api_router = APIRouter(tags=["operations"])
@@ -83,7 +84,9 @@ async def healthz() -> HealthOut:
     summary="The broker can serve requests",
     description=(
         "200 when the database answers and its schema is at the latest migration; "
-        "otherwise 503 `unavailable`, within a couple of seconds. Use it as a readiness probe. "
+        "otherwise 503 `unavailable`, within a couple of seconds; 503 also from the moment the "
+        "process starts shutting down (SIGTERM), so that a load balancer stops sending to it. "
+        "Use it as a readiness probe. "
         "A `detail` in the 200 says the process is ready but degraded by configuration."
     ),
     response_model=ReadyOut,
@@ -92,6 +95,8 @@ async def healthz() -> HealthOut:
     responses=problem_responses(503),
 )
 async def readyz(services: ServicesDep) -> ReadyOut:
+    if services.delivery.shutting_down:
+        raise Unavailable("the broker is shutting down")
     await services.ops.check_ready()
     return ReadyOut(detail=services.delivery.polling_detail())
 

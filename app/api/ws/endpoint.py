@@ -12,7 +12,7 @@ from app.api.ws.origins import origin_allowed
 from app.auth.tokens import BearerCredentials, digest, parse_authorization
 from app.broker.services import Services
 from app.domain.model import User
-from app.errors import BrokerError, Forbidden
+from app.errors import BrokerError, Forbidden, Unavailable
 
 log = logging.getLogger("messagex.ws")
 
@@ -22,6 +22,11 @@ router = APIRouter()
 @router.websocket("/ws", name="websocket")
 async def websocket(ws: WebSocket) -> None:
     services: Services = ws.app.state.services
+    if services.delivery.shutting_down:  # reconnecting clients go to another broker
+        await ws.send_denial_response(
+            broker_error_response(Unavailable("the broker is shutting down"))
+        )
+        return
     if not origin_allowed(
         ws.headers.get("origin"), ws.headers.get("host"), services.settings.allowed_origins
     ):
