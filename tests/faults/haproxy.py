@@ -1,7 +1,7 @@
 """haproxy in front of several broker processes, on loopback (issue 25).
 
-``Haproxy`` writes a configuration (the one deploy/haproxy.cfg shows, on free loopback
-ports), runs Debian's ``/usr/sbin/haproxy`` in the foreground, and talks to its runtime API
+``Haproxy`` writes deploy/haproxy.cfg with loopback substitutions (free ports, its own
+servers), runs Debian's ``/usr/sbin/haproxy`` in the foreground, and talks to its runtime API
 over a unix socket: which servers are UP, and ``drain`` / ``ready`` for a rolling restart.
 HTTP and WebSocket both go through its one frontend. Used by tests/faults/test_several_brokers.py
 and by ``python -m bench brokers``; it needs only the standard library and httpx.
@@ -36,6 +36,10 @@ def missing() -> str | None:
     return None
 
 
+#: the configuration shipped for operators; the tests run it, with loopback substitutions
+DEPLOYED = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
+
+
 def config(
     port: int,
     servers: Sequence[tuple[str, int]],
@@ -43,42 +47,33 @@ def config(
     *,
     balance: str = "leastconn",
 ) -> str:
-    """haproxy.cfg: one HTTP frontend on 127.0.0.1:``port``, ``servers`` (name, port) on
-    loopback behind it, health-checked on /readyz. deploy/haproxy.cfg with loopback ports, a
-    unix runtime socket, no resolvers and a lower maxconn (a test's open-file limit)."""
-    lines = [
-        "global",
-        "    maxconn 4096",
-        f"    stats socket {stats_socket} mode 600 level admin",
-        "",
-        "defaults",
-        "    mode http",
-        "    option http-keep-alive",
-        "    option forwardfor",
-        "    timeout connect 2s",
-        "    timeout client 60s",
-        "    timeout server 60s",
-        "    timeout http-request 10s",
-        # a WebSocket, once upgraded, is a tunnel: only this applies to it
-        "    timeout tunnel 1h",
-        "    timeout client-fin 5s",
-        # a request whose connection to a broker failed (nothing sent) goes to another
-        "    retries 2",
-        "    option redispatch 1",
-        "",
-        "frontend messagex",
-        f"    bind 127.0.0.1:{port}",
-        "    default_backend brokers",
-        "",
-        "backend brokers",
-        f"    balance {balance}",
-        "    option httpchk",
-        "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost",
-        "    http-check expect status 200",
-        f"    default-server inter {CHECK_INTERVAL_MS}ms fall {FALL} rise {RISE}",
-    ]
-    lines += [f"    server {name} 127.0.0.1:{p} check" for name, p in servers]
-    return "\n".join(lines) + "\n"
+    """deploy/haproxy.cfg, as the tests run it: the frontend on 127.0.0.1:``port``,
+    ``servers`` (name, port) on loopback instead of its brokers, a unix runtime socket, no
+    DNS resolvers, and a lower maxconn (a test's open-file limit). Everything else (timeouts,
+    health checks on /readyz, retries) is the shipped file's, so that is what is tested."""
+    swaps = {
+        "maxconn": "maxconn 4096",
+        "stats socket": f"stats socket {stats_socket} mode 600 level admin",
+        "bind ": f"bind 127.0.0.1:{port}",
+        "balance ": f"balance {balance}",
+        "default-server": f"default-server inter {CHECK_INTERVAL_MS}ms fall {FALL} rise {RISE}",
+    }
+    out: list[str] = []
+    in_resolvers = False
+    for line in DEPLOYED.read_text().splitlines():
+        stripped = line.strip()
+        if in_resolvers:
+            in_resolvers = stripped != ""
+            continue
+        if stripped == "resolvers dns":
+            in_resolvers = True
+            continue
+        if stripped.startswith(("#", "server ")):
+            continue
+        swap = next((new for old, new in swaps.items() if stripped.startswith(old)), None)
+        out.append(line if swap is None else f"    {swap}")
+    out += [f"    server {name} 127.0.0.1:{p} check" for name, p in servers]
+    return "\n".join(out) + "\n"
 
 
 class Haproxy(LoopbackUrls):
