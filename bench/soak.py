@@ -479,6 +479,20 @@ class Options:
     backlog: int = 0
 
 
+async def pick_rate(o: Options, load: Load, meta: dict[str, Any]) -> float:
+    """The paced rate: ``--rate``, or half the maximum measured first (recorded either way
+    unless ``--probe-seconds 0``)."""
+    meta["max_rate"] = None
+    if o.probe_seconds > 0:
+        print(f"measuring the maximum rate for {o.probe_seconds:.0f} s …", file=sys.stderr)
+        meta["max_rate"] = round(await measure_max(load, o.probe_seconds))
+    if o.rate is not None:
+        return o.rate
+    if not meta["max_rate"]:
+        raise BenchError("no rate: give --rate or a positive --probe-seconds")
+    return float(meta["max_rate"]) / 2
+
+
 async def run(o: Options) -> dict[str, Any]:
     pg = await Postgres.provide(o.database_url)
     stale = await pg.drop_stale("mx_soak_")
@@ -523,14 +537,7 @@ async def run(o: Options) -> dict[str, Any]:
         meta["standing_backlog"] = o.backlog
         load = Load(client, queue, o.publishers, o.consumers)
         await load.start_consumers()
-        if o.rate is None:
-            print(f"measuring the maximum rate for {o.probe_seconds:.0f} s …", file=sys.stderr)
-            maximum = await measure_max(load, o.probe_seconds)
-            meta["max_rate"] = round(maximum)
-            rate = maximum / 2
-        else:
-            meta["max_rate"] = None
-            rate = o.rate
+        rate = await pick_rate(o, load, meta)
         meta["rate"] = round(rate)
         print(
             f"maximum {meta['max_rate']} msg/s; soak at {meta['rate']} msg/s for "
@@ -597,7 +604,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rate", type=float, help="msg/s of the paced load (default: half the measured max)"
     )
-    p.add_argument("--probe-seconds", type=float, default=20.0, help="maximum-rate probe, s (20)")
+    p.add_argument(
+        "--probe-seconds", type=float, default=20.0, help="maximum-rate probe, s (20; 0: none)"
+    )
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--consumers", type=int, default=2)
     p.add_argument("--database-url", default=DEFAULT_DATABASE_URL, help="a loopback PostgreSQL")
