@@ -60,6 +60,14 @@ AUTOVACUUM_SETTINGS = (
     "server_version",
 )
 PREFETCH = 100
+#: the messages table's own autovacuum parameters (migration 0001); ``--reset-autovacuum``
+#: resets them, to see what PostgreSQL's defaults would do
+MESSAGES_AUTOVACUUM = (
+    "autovacuum_vacuum_scale_factor",
+    "autovacuum_vacuum_threshold",
+    "autovacuum_analyze_scale_factor",
+    "autovacuum_vacuum_cost_delay",
+)
 #: the targets: last part within this ratio of the early window
 TOLERANCE = 1.2
 #: how long the load must stay healthy: a backlog above this many messages means the
@@ -397,6 +405,40 @@ def write_outputs(out_dir: Path, meta: dict[str, Any], rows: list[dict[str, Any]
         writer.writerows(rows)
 
 
+def markdown(rows: list[dict[str, Any]], every_s: float = 300.0) -> str:
+    """The rows every ``every_s`` seconds (and the last) as a Markdown table, MiB sizes."""
+    mib = 1 << 20
+    step = max(1, round(every_s / (rows[0]["t_s"] if rows else 60.0)))
+    picked = [r for i, r in enumerate(rows) if (i + 1) % step == 0 or r is rows[-1]]
+    lines = [
+        "| min | pub/s | del/s | p50 ms | p99 ms | backlog | messages MiB (heap + indexes) "
+        "| messages dead | autovacuums | receipts MiB | broker RSS MiB | load 1 min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in picked:
+        total = (r.get("messages_total_bytes") or 0) / mib
+        heap = (r.get("messages_heap_bytes") or 0) / mib
+        indexes = (r.get("messages_indexes_bytes") or 0) / mib
+        lines.append(
+            f"| {r['minute']:.0f} | {r['published_per_s']:.0f} | {r['delivered_per_s']:.0f} "
+            f"| {r['p50_ms']} | {r['p99_ms']} | {r['backlog']} "
+            f"| {total:.1f} ({heap:.1f} + {indexes:.1f}) | {r.get('messages_dead')} "
+            f"| {r.get('messages_autovacuum_count')} "
+            f"| {(r.get('publish_receipts_total_bytes') or 0) / mib:.2f} "
+            f"| {(r.get('broker_rss_bytes') or 0) / mib:.0f} | {r['loadavg_1m']} |"
+        )
+    return "\n".join(lines)
+
+
+def render(out_dir: Path) -> None:
+    """Redraw the plot and print the table of a finished or killed run."""
+    from bench.soak_plot import plot
+
+    doc = json.loads((out_dir / "soak.json").read_text())
+    plot(doc["meta"], doc["rows"], out_dir / "soak.png")
+    print(markdown(doc["rows"]))
+
+
 def print_row(row: dict[str, Any]) -> None:
     mib = 1 << 20
     print(
@@ -477,6 +519,7 @@ class Options:
     plot: bool
     broker_env: dict[str, str]
     backlog: int = 0
+    reset_autovacuum: bool = False
 
 
 async def pick_rate(o: Options, load: Load, meta: dict[str, Any]) -> float:
@@ -531,6 +574,8 @@ async def run(o: Options) -> dict[str, Any]:
         queue = mx.unique("soak")
         await client.declare_queue(queue)
         conn = await asyncpg.connect(pg.url, timeout=10)
+        if o.reset_autovacuum:
+            await conn.execute(f"ALTER TABLE messages RESET ({', '.join(MESSAGES_AUTOVACUUM)})")
         meta.update(await describe_database(conn, pg))
         if o.backlog:
             meta["backlog_fill_s"] = await standing_backlog(client, conn, o.backlog)
@@ -617,6 +662,18 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="ready copies left in a queue nobody consumes, beside the load (0)",
     )
+    p.add_argument(
+        "--reset-autovacuum",
+        action="store_true",
+        help="reset the messages table's autovacuum parameters (migration 0001) to the "
+        "server's defaults before the load",
+    )
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="DIR",
+        help="only redraw DIR/soak.png and print the table of DIR/soak.json (a killed run)",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip soak.png")
     p.add_argument("--broker-env", action="append", default=[], metavar="KEY=VALUE")
     return p
@@ -641,10 +698,15 @@ def options(argv: list[str]) -> Options:
         plot=not args.no_plot,
         broker_env=dict(kv.split("=", 1) for kv in args.broker_env),
         backlog=args.backlog,
+        reset_autovacuum=args.reset_autovacuum,
     )
 
 
 def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.render is not None:
+        render(args.render)
+        return 0
     try:
         o = options(argv)
     except BenchError as exc:
@@ -659,6 +721,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("bench soak: interrupted", file=sys.stderr)
         return 130
+    print(markdown(json.loads((o.out_dir / "soak.json").read_text())["rows"]))
     v = meta["verdict"]
     print(f"\nverdict ({time.monotonic() - started:.0f} s): {json.dumps(v, indent=1)}")
     print(f"results in {o.out_dir}", file=sys.stderr)
