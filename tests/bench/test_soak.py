@@ -4,41 +4,22 @@ shape and the plot; the slow test runs it for 10 minutes and asserts its targets
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.soak import HOT_TABLES, windows_of
-from tests.bench.test_bench_smoke import ROOT, drop_database
+from tests.bench.test_bench_smoke import run_bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_soak(out: Path, *args: str, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench", "soak", "--out", str(out), *args]
-    url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
-    if url:
-        cmd += ["--database-url", url]
-    with subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # the broker it started gets SIGTERM (PR_SET_PDEATHSIG)
-            stdout, stderr = proc.communicate()
-            drop_database(url, f"mx_soak_{proc.pid}")
-            pytest.fail(f"the soak did not finish in {timeout:.0f} s:\n{stderr[-4000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    code, stdout, stderr = run_bench(
+        ["soak", "--out", str(out), *args], timeout=timeout, database_prefix="mx_soak_"
+    )
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
     doc: dict[str, Any] = json.loads((out / "soak.json").read_text())
     return doc
 
