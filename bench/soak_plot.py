@@ -49,9 +49,10 @@ def plot(meta: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
     lines = size.get_legend_handles_labels()[0] + dead.get_legend_handles_labels()[0]
     size.legend(lines, [str(line.get_label()) for line in lines], loc="upper left", fontsize=8)
 
-    rss.plot(minutes, _series(rows, "broker_rss_bytes", MIB), label="broker RSS", color="C3")
+    memory = _series(rows, "broker_rss_bytes", MIB)
+    rss.plot(minutes, memory, label="broker RSS", color="C3", marker=".")
     rss.set_ylabel("broker RSS, MiB")
-    rss.set_ylim(bottom=0)
+    rss.set_ylim(0, 1.25 * max((m for m in memory if m is not None), default=1.0))
     rss.grid(True, alpha=0.3)
     rss.set_xlabel("minutes of paced load")
     fig.tight_layout()
