@@ -71,6 +71,9 @@ MESSAGES_AUTOVACUUM = (
 )
 #: the targets: last part within this ratio of the early window
 TOLERANCE = 1.2
+#: the largest backlog of the late window, in seconds of the pace, beyond which the load
+#: was not kept up
+KEPT_UP_BACKLOG_S = 5.0
 #: how long the load must stay healthy: a backlog above this many messages means the
 #: consumers fell behind (the rate is too high for the machine at that moment)
 BACKLOG_WARN = 50_000
@@ -354,6 +357,21 @@ def verdict(
             "ratio": ratio,
             "met": ratio is not None and ratio <= TOLERANCE,
         }
+    # The load must have been kept up: a pace the machine cannot hold builds a backlog, and
+    # then latency and sizes measure the backlog (both windows may drift alike).
+    published = sum(rows[i]["published_per_s"] for i in late)
+    delivered = sum(rows[i]["delivered_per_s"] for i in late)
+    backlog = max(rows[i].get("backlog") or 0 for i in late)
+    pace = rows[late[-1]]["published_per_s"] or 1.0
+    checks["kept_up"] = {
+        "early": None,
+        "late": {
+            "delivered_over_published": round(delivered / (published or 1.0), 3),
+            "largest_backlog_s": round(backlog / pace, 1),
+        },
+        "ratio": None,
+        "met": delivered >= 0.98 * published and backlog <= KEPT_UP_BACKLOG_S * pace,
+    }
     out["checks"] = checks
     out["met"] = all(c["met"] for c in checks.values())
     return out
