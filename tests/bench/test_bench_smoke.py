@@ -29,8 +29,15 @@ EXPECTED_COUNTS = {"ceiling": 6, "messagex": 16, "groupcommit": 2}
 def run_smoke(out: Path) -> tuple[int, str, str]:
     # A generous per-scenario deadline so that a loaded machine does not make the test flaky,
     # and --fail-fast so that a broken broker costs one deadline, not one per scenario.
-    cmd = [sys.executable, "-m", "bench", "all", "--smoke", "--no-rabbitmq", "--fail-fast"]
-    cmd += ["--deadline", "60", "--json", str(out)]
+    args = ["all", "--smoke", "--no-rabbitmq", "--fail-fast", "--deadline", "60"]
+    return run_bench([*args, "--json", str(out)], timeout=420, database_prefix="mx_bench_")
+
+
+def run_bench(args: list[str], *, timeout: float, database_prefix: str) -> tuple[int, str, str]:
+    """``python -m bench *args`` on the tests' server; (exit code, stdout, stderr). A run past
+    ``timeout`` is killed, its database (``<database_prefix><pid>``) dropped, the test
+    failed."""
+    cmd = [sys.executable, "-m", "bench", *args]
     url = os.environ.get("MESSAGEX_TEST_DATABASE_URL")
     if url:
         cmd += ["--database-url", url]
@@ -43,12 +50,14 @@ def run_smoke(out: Path) -> tuple[int, str, str]:
         text=True,
     ) as proc:
         try:
-            stdout, stderr = proc.communicate(timeout=420)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()  # the broker it started gets SIGTERM (PR_SET_PDEATHSIG)
             stdout, stderr = proc.communicate()
-            drop_database(url, f"mx_bench_{proc.pid}")
-            pytest.fail(f"the smoke run did not finish in 240 s:\n{stderr[-6000:]}")
+            drop_database(url, f"{database_prefix}{proc.pid}")
+            pytest.fail(
+                f"{' '.join(args[:1])} did not finish in {timeout:.0f} s:\n{stderr[-6000:]}"
+            )
         return proc.returncode, stdout, stderr
 
 
