@@ -76,3 +76,19 @@ async def oldest_xmin_holder(conn: AsyncConnection) -> XminHolder | None:
     """The oldest snapshot blocking cleanup on this database, or None when nothing holds one."""
     holders = await xmin_holders(conn, 1)
     return holders[0] if holders else None
+
+
+#: Whether autovacuum will visit ``messages``: on for the server and not disabled on the table.
+AUTOVACUUM_ON_MESSAGES = text("""
+SELECT current_setting('autovacuum')::bool AND coalesce(
+    (SELECT option_value::bool FROM pg_class AS c, pg_options_to_table(c.reloptions)
+     WHERE c.oid = 'messages'::regclass AND option_name = 'autovacuum_enabled'),
+    true)
+""")
+
+
+async def autovacuum_on_messages(conn: AsyncConnection) -> bool:
+    """False when nothing will ever reclaim the dead rows that every ACK leaves in
+    ``messages``: the table then grows without bound (docs/operations.md, "Bloat and
+    autovacuum")."""
+    return bool((await conn.execute(AUTOVACUUM_ON_MESSAGES)).scalar_one())
