@@ -143,6 +143,11 @@ class ConsumerRegistry:
         """The queue has ``x-message-groups`` (known from its subscriptions)."""
         return any(s.groups for s in self._by_queue.get(queue_id, ()))
 
+    def plain(self, queue_id: int) -> bool:
+        """The queue's claims may go with other queues' (``Dispatcher``): neither single
+        active consumer nor message groups (known from its subscriptions)."""
+        return not any(s.single_active or s.groups for s in self._by_queue.get(queue_id, ()))
+
     def has_credit(self, queue_id: int) -> bool:
         """Some subscriber of the queue has prefetch room."""
         return any(s.credit > 0 for s in self._by_queue.get(queue_id, ()))

@@ -30,6 +30,9 @@ log = logging.getLogger("messagex.dispatch")
 
 #: at most this many rows per claim statement
 MAX_CLAIM = 1000
+#: at most this many queues, and rows, in one statement of claims that go together
+MAX_CLAIM_QUEUES = 500
+MAX_CLAIM_ROWS = MAX_CLAIM
 #: a process with at most this many subscribed queues polls them one by one (one index probe
 #: each) rather than listing every queue with ready messages
 PROBE_MAX = 100
@@ -65,6 +68,11 @@ class Dispatcher:
         #: next-due look-ups waiting for the one in flight (``_seconds_until_due``)
         self._due_wanted: dict[int, list[asyncio.Future[float | None]]] = {}
         self._due_looking = False
+        #: claims of plain queues waiting for the one statement in flight (``_claim_together``)
+        self._claims: list[
+            tuple[deliveries.ClaimWant, asyncio.Future[list[deliveries.Claimed]]]
+        ] = []
+        self._claiming = False
         #: queues woken while their task was claiming: it claims again before it ends
         self._again: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
@@ -122,10 +130,15 @@ class Dispatcher:
         try:
             while self.registry.has_queue(queue_id):
                 try:
-                    async with self._claim_slots:
-                        # Wake-ups while it waited for a slot are answered by this claim.
+                    if self.registry.plain(queue_id):
+                        # its claims go with other queues' (one slot for all of them)
                         self._again.discard(queue_id)
                         drained = await self._dispatch(queue_id)
+                    else:
+                        async with self._claim_slots:
+                            # Wake-ups while it waited for a slot are answered by this claim.
+                            self._again.discard(queue_id)
+                            drained = await self._dispatch(queue_id)
                     # off the claim slot: look-ups of many queues share one statement
                     due = await self._seconds_until_due(queue_id) if drained else None
                 except Unavailable:
@@ -250,9 +263,8 @@ class Dispatcher:
                         self.hub.drained(queue_id, None)
                         return False
                     order, claimed = found
-                else:
-                    claim = deliveries.claim_grouped if order[0].groups else deliveries.claim
-                    claimed = await claim(
+                elif order[0].groups:
+                    claimed = await deliveries.claim_grouped(
                         self.db.hot,
                         queue_id=queue_id,
                         n=len(order),
@@ -261,12 +273,59 @@ class Dispatcher:
                         owners=[s.outlet.id for s in order],
                         owner_user=None,
                     )
+                else:
+                    claimed = await self._claim_together(
+                        deliveries.ClaimWant(
+                            queue_id, [s.outlet.id for s in order], order[0].lease_seconds
+                        )
+                    )
                 self._hand_out(queue_id, order, claimed)
             self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):
                 self.hub.drained(queue_id, wakes)
                 return True
             self.hub.drained(queue_id, None)  # it took all it could: more may wait
+
+    async def _claim_together(self, want: deliveries.ClaimWant) -> list[deliveries.Claimed]:
+        """The claim of a plain queue, in the next statement of claims (``CLAIM_MANY``): the
+        claims asked for while one is in flight go together in the next, so that a wake-up
+        of a thousand queues (a publish to them, their delayed messages falling due) costs a
+        few statements, not a thousand. The caller holds the queue's lock throughout."""
+        future: asyncio.Future[list[deliveries.Claimed]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._claims.append((want, future))
+        if not self._claiming:
+            self._claiming = True
+            self.tasks.spawn(self._claim_rounds(), name="dispatch-claims")
+        return await future
+
+    async def _claim_rounds(self) -> None:
+        try:
+            while self._claims:
+                taken, rows = 0, 0
+                for want, _ in self._claims[:MAX_CLAIM_QUEUES]:
+                    if taken and rows + len(want.owners) > MAX_CLAIM_ROWS:
+                        break
+                    taken, rows = taken + 1, rows + len(want.owners)
+                batch = self._claims[:taken]
+                del self._claims[:taken]
+                wants = [w for w, _ in batch]
+                try:
+                    async with self._claim_slots:
+                        found = await deliveries.claim_many(self.db.hot, wants, self.process_id)
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                # A claimer cancelled meanwhile (only at shutdown, which releases what this
+                # process's connections hold) leaves its rows to that release.
+                for want, future in batch:
+                    if not future.done():
+                        future.set_result(found.get(want.queue_id, []))
+        finally:
+            self._claiming = False
 
     async def _claim_single(
         self, queue_id: int, order: list[Subscription]
@@ -306,7 +365,10 @@ class Dispatcher:
             while self._due_wanted:
                 wanted, self._due_wanted = self._due_wanted, {}
                 try:
-                    rows = await deliveries.ready_queues(self.db.hot, list(wanted))
+                    # on a claim slot too: claims and their look-ups leave the pool's last two
+                    # connections to publishes and ACKs
+                    async with self._claim_slots:
+                        rows = await deliveries.ready_queues(self.db.hot, list(wanted))
                 except Exception as exc:
                     for futures in wanted.values():
                         for future in futures:

@@ -63,6 +63,51 @@ async def claim(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed]:
     return claimed_rows(await hot.fetch(queries.CLAIM, claim_params(**args)))
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimWant:
+    """One queue's part of ``claim_many``: up to ``len(owners)`` ready copies of the queue,
+    the i-th in claim order leased to ``owners[i]`` (WebSocket connections) for
+    ``lease_seconds``."""
+
+    queue_id: int
+    owners: Sequence[str]
+    lease_seconds: float
+
+
+def claim_many_params(wants: Sequence[ClaimWant], process_id: str) -> dict[str, Any]:
+    """The parameters of ``queries.CLAIM_MANY``: the owners of every queue in one array,
+    queue i's from ``bases[i]`` on."""
+    bases: list[int] = []
+    owners: list[str] = []
+    for want in wants:
+        bases.append(len(owners))
+        owners.extend(want.owners)
+    return {
+        "queue_ids": [w.queue_id for w in wants],
+        "ns": [len(w.owners) for w in wants],
+        "leases": [float(w.lease_seconds) for w in wants],
+        "bases": bases,
+        "process_id": process_id,
+        "owners": owners,
+    }
+
+
+async def claim_many(
+    hot: HotPath, wants: Sequence[ClaimWant], process_id: str
+) -> dict[int, list[Claimed]]:
+    """The claims of several queues in one statement (``queries.CLAIM_MANY``): each queue's
+    deliveries in its claim order, ``slot`` the index of the owner in its ``owners``. A
+    queue may appear once only."""
+    params = claim_many_params(wants, process_id)
+    rows = await hot.fetch(queries.CLAIM_MANY, params)
+    base = dict(zip(params["queue_ids"], params["bases"], strict=True))
+    found: dict[int, list[Claimed]] = {w.queue_id: [] for w in wants}
+    for r in sorted(rows, key=lambda r: r[0]):
+        queue_id = r[2]
+        found[queue_id].append(Claimed(r[0] - 1 - base[queue_id], *r[1:]))
+    return found
+
+
 def group_claim_params(**args: Unpack[ClaimArgs]) -> dict[str, Any]:
     """The parameters of ``queries.CLAIM_GROUPS``: the claim's, and the window of ready rows
     its walk looks at (see there)."""

@@ -10,7 +10,8 @@ parameters and read their rows stay with their subject; the plan tests
 publish                     LOAD_ROUTES, LOAD_ROUTE_GRAPH, FIND_QUEUES, INSERT_COPIES,
                             INSERT_COPIES_HANDING_OFF (storage.messages)
 publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
-claim                       CLAIM, CLAIM_GROUPS, LOCK_GROUP_CLAIM, NEXT_DUE (storage.deliveries)
+claim                       CLAIM, CLAIM_MANY, CLAIM_GROUPS, LOCK_GROUP_CLAIM, NEXT_DUE
+                            (storage.deliveries)
 poll                        READY_QUEUES, READY_QUEUES_OF (storage.deliveries)
 acknowledge                 ACK_MANY, ACK_PULL_MANY (storage.deliveries)
 authenticate                LOOKUP_PASSWORD_USER, LOOKUP_SESSION (storage.accounts)
@@ -280,17 +281,23 @@ WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 sec
 
 # The claims' common end: the rows of CTE ``picked`` (id, rn) go in flight, row rn to owner
 # :owners[rn] (NULL for a pull: the row belongs to :owner_user), with a new tag and lease.
-_TAKE_PICKED = f"""UPDATE messages AS m SET
+_TAKE_PICKED_AS = """UPDATE messages AS m SET
     status = 'in_flight',
     delivery_count = m.delivery_count + 1,
     delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
+    lease_expires_at = now() + make_interval(secs => {lease}),
+    delivery_tag = {tag},
     owner_process = CAST(:process_id AS uuid),
     owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
+    owner_user = {owner_user}
+FROM {picked}
 WHERE m.id = p.id"""
+_TAKE_PICKED = _TAKE_PICKED_AS.format(
+    picked="picked AS p",
+    lease=":lease_seconds",
+    tag=NEW_TAG_SQL.format(id="m.id"),
+    owner_user="CAST(:owner_user AS text)",
+)
 #: what a claim returns (deliveries.claimed_rows)
 _CLAIMED = (
     "RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,"
@@ -299,7 +306,7 @@ _CLAIMED = (
 )
 
 
-def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
+def ready_in_claim_order(columns: str, limit: str, lock: str = "", queue: str = ":queue_id") -> str:
     """The due ready rows of queue ``:queue_id`` in claim order (contract §10, §13), at most
     ``limit``: a UNION ALL of two index walks, one home for the order that claims and
     drop-head (broker/limits.py) both follow. A priority queue's rows all carry a priority
@@ -311,11 +318,12 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
     claim order; callers that number them use CLAIM_ORDER. "Due" is by the statement's own
     clock (``statement_timestamp()``, which is ``now()`` for a statement alone): inside a
     transaction that waited for a queue's lock (storage/limits.py), ``now()`` would be the
-    time it began, before the copies committed while it waited."""
+    time it began, before the copies committed while it waited. ``queue``: the SQL of the
+    queue's id (a column of an outer row, for a LATERAL claim of many queues)."""
     return f"""
     SELECT * FROM (
         SELECT {columns} FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NOT NULL
+        WHERE queue_id = {queue} AND status = 'ready' AND priority IS NOT NULL
           AND available_at <= statement_timestamp()
           AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY priority DESC, available_at, id
@@ -324,7 +332,7 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
     UNION ALL
     SELECT * FROM (
         SELECT {columns} FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NULL
+        WHERE queue_id = {queue} AND status = 'ready' AND priority IS NULL
           AND available_at <= statement_timestamp()
           AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY available_at, id
@@ -357,6 +365,42 @@ WITH picked AS (
     ) AS s
 )
 {_TAKE_PICKED}
+{_CLAIMED}""")
+)
+
+# The claims of many queues in ONE statement (the dispatcher's wake-ups that come together:
+# a publish to a thousand queues, a thousand delayed messages falling due): for each row of
+# the unnest, the rows of queue ``w.queue_id`` that CLAIM would take, by the same LATERAL
+# index walk (ready_in_claim_order, so each queue keeps its own claim order: priority, then
+# (available_at, id)) and the same FOR UPDATE SKIP LOCKED (never two owners; claimers never
+# wait on each other). Queue w's owners are :owners[w.base + 1 .. w.base + w.n]: its row of
+# rank r in claim order goes to :owners[w.base + r]. Each queue has its own lease. WebSocket
+# subscriptions only (no owner user); single-active and group queues claim alone. The picked
+# rows are updated through an unnest of their arrays, which the planner takes for a few rows
+# (a probe of the primary key each): the LIMIT per queue is a column, so it cannot estimate
+# how many the walk picks, and joined to the CTE itself it hashed the whole table instead.
+CLAIM_MANY = Statement(
+    text(f"""
+WITH picked AS (
+    SELECT s.id, w.lease,
+           w.base + row_number() OVER (PARTITION BY w.queue_id ORDER BY {CLAIM_ORDER}) AS rn
+    FROM unnest(CAST(:queue_ids AS bigint[]), CAST(:ns AS int[]),
+                CAST(:leases AS float8[]), CAST(:bases AS int[])) AS w(queue_id, n, lease, base)
+    CROSS JOIN LATERAL ({
+        ready_in_claim_order(
+            "id, priority, available_at", "w.n", "FOR UPDATE SKIP LOCKED", queue="w.queue_id"
+        )
+    }
+    ) AS s
+),
+taken AS (SELECT array_agg(id) AS ids, array_agg(rn) AS rns, array_agg(lease) AS leases
+          FROM picked)
+{_TAKE_PICKED_AS.format(
+    picked="taken AS t CROSS JOIN unnest(t.ids, t.rns, t.leases) AS p(id, rn, lease)",
+    lease="p.lease",
+    tag=NEW_TAG_SQL.format(id="m.id"),
+    owner_user="NULL",
+)}
 {_CLAIMED}""")
 )
 

@@ -139,6 +139,29 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_the_claim_of_many_queues_walks_the_index_of_each(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """CLAIM_MANY: per queue of the unnest, the plain claim's walk of ix_messages_claim (and
+    one probe of ix_messages_priority) under a Limit, searched by the queue's id: never a
+    sequential scan, never a sort of a backlog."""
+    ids = [r[0] for r in await conn.fetch("SELECT id FROM queues ORDER BY id")]
+    wants = [deliveries.ClaimWant(q, [str(uuid.uuid4())] * 100, 30.0) for q in ids]
+    params = deliveries.claim_many_params(wants, str(uuid.uuid4()))
+    nodes = await _plan(conn, queries.CLAIM_MANY, params, mode)
+    scans = _scans(nodes)
+    assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), nodes
+    assert not any(n["Node Type"] == "Seq Scan" for n in scans), nodes
+    for sort in (n for n in nodes if n["Node Type"] == "Sort"):
+        assert _limited(sort), sort
+    document = await conn.fetchval(
+        "EXPLAIN (FORMAT JSON) " + queries.CLAIM_MANY.sql, *queries.CLAIM_MANY.args(params)
+    )
+    plan = (document if isinstance(document, list) else json.loads(document))[0]["Plan"]
+    assert not _unbounded(plan), plan
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_the_poll_probes_each_queue_once(conn: asyncpg.Connection, mode: str) -> None:
     """READY_QUEUES (every queue with ready rows) and READY_QUEUES_OF (given queues): every
     read of messages walks ix_messages_claim under a Limit (one row per queue, whatever its
@@ -230,6 +253,12 @@ _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
             "owners": [_OWNER] * 100,
             "owner_user": None,
         },
+    ),
+    "claim of many queues": (
+        queries.CLAIM_MANY,
+        lambda q: deliveries.claim_many_params(
+            [deliveries.ClaimWant(q, [_OWNER] * 100, 30.0)], _OWNER
+        ),
     ),
     "next due": (queries.NEXT_DUE, lambda q: {"queue_id": q}),
     "poll of queues": (queries.READY_QUEUES_OF, lambda q: {"queue_ids": [q]}),
