@@ -72,7 +72,9 @@ class Dispatcher:
         self._claims: list[
             tuple[deliveries.ClaimWant, asyncio.Future[list[deliveries.Claimed]]]
         ] = []
-        self._claiming = False
+        #: claim statements in flight, at most ``claim_slots``
+        self._claiming = 0
+        self._claimers = max(1, claim_slots)
         #: queues woken while their task was claiming: it claims again before it ends
         self._again: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
@@ -287,16 +289,18 @@ class Dispatcher:
             self.hub.drained(queue_id, None)  # it took all it could: more may wait
 
     async def _claim_together(self, want: deliveries.ClaimWant) -> list[deliveries.Claimed]:
-        """The claim of a plain queue, in the next statement of claims (``CLAIM_MANY``): the
-        claims asked for while one is in flight go together in the next, so that a wake-up
-        of a thousand queues (a publish to them, their delayed messages falling due) costs a
-        few statements, not a thousand. The caller holds the queue's lock throughout."""
+        """The claim of a plain queue, in the next statement of claims (``CLAIM_MANY``): as
+        many statements in flight as there are claim slots, and the claims asked for while
+        they all are go together in the next, so that a wake-up of a thousand queues (a
+        publish to them, their delayed messages falling due) costs a few statements, not a
+        thousand, and a light load waits for none. The caller holds the queue's lock
+        throughout."""
         future: asyncio.Future[list[deliveries.Claimed]] = (
             asyncio.get_running_loop().create_future()
         )
         self._claims.append((want, future))
-        if not self._claiming:
-            self._claiming = True
+        if self._claiming < self._claimers:
+            self._claiming += 1
             self.tasks.spawn(self._claim_rounds(), name="dispatch-claims")
         return await future
 
@@ -325,7 +329,7 @@ class Dispatcher:
                     if not future.done():
                         future.set_result(found.get(want.queue_id, []))
         finally:
-            self._claiming = False
+            self._claiming -= 1
 
     async def _claim_single(
         self, queue_id: int, order: list[Subscription]
