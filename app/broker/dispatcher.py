@@ -1,4 +1,6 @@
-"""Claim up to each subscriber's credit, in one statement per queue, and push.
+"""Claim up to each subscriber's credit, in one statement per queue, and push; while every
+claim slot is busy, the claims of plain queues asked for meanwhile go together, in one
+statement for many queues (``_claim_together``).
 
 A queue has a claim task only while it has work: a wake-up (publish, ACK, release, NOTIFY from
 another process) starts one, and it ends once credit or due messages run out. An idle queue
@@ -132,10 +134,11 @@ class Dispatcher:
         try:
             while self.registry.has_queue(queue_id):
                 try:
-                    if self.registry.plain(queue_id):
-                        # its claims go with other queues' (one slot for all of them)
+                    if self._claim_slots.locked() and self.registry.plain(queue_id):
+                        # every slot is claiming: its claims go with other queues' in the
+                        # next statement of claims, rather than one statement each
                         self._again.discard(queue_id)
-                        drained = await self._dispatch(queue_id)
+                        drained = await self._dispatch(queue_id, together=True)
                     else:
                         async with self._claim_slots:
                             # Wake-ups while it waited for a slot are answered by this claim.
@@ -246,11 +249,12 @@ class Dispatcher:
             wait = self._due[0][0] - now if self._due else 3600.0
             await wait_event(self._timer_changed, wait)
 
-    async def _dispatch(self, queue_id: int) -> bool:
+    async def _dispatch(self, queue_id: int, together: bool = False) -> bool:
         """Hand out until credit or ready messages run out.
 
         Returns True when due messages ran out (the next due time is worth looking up),
-        False when credit did (nothing to wait for but a wake-up).
+        False when credit did (nothing to wait for but a wake-up). ``together``: a plain
+        queue's claims go in a statement of claims (``_claim_together``), not alone.
         """
         while True:
             async with self.lock(queue_id):
@@ -275,11 +279,21 @@ class Dispatcher:
                         owners=[s.outlet.id for s in order],
                         owner_user=None,
                     )
-                else:
+                elif together:
                     claimed = await self._claim_together(
                         deliveries.ClaimWant(
                             queue_id, [s.outlet.id for s in order], order[0].lease_seconds
                         )
+                    )
+                else:
+                    claimed = await deliveries.claim(
+                        self.db.hot,
+                        queue_id=queue_id,
+                        n=len(order),
+                        lease_seconds=order[0].lease_seconds,
+                        process_id=self.process_id,
+                        owners=[s.outlet.id for s in order],
+                        owner_user=None,
                     )
                 self._hand_out(queue_id, order, claimed)
             self.metrics.claims.labels(via="websocket").inc()
