@@ -379,6 +379,12 @@ WITH picked AS (
 # rows are updated through an unnest of their arrays, which the planner takes for a few rows
 # (a probe of the primary key each): the LIMIT per queue is a column, so it cannot estimate
 # how many the walk picks, and joined to the CTE itself it hashed the whole table instead.
+_TAKE_MANY = _TAKE_PICKED_AS.format(
+    picked="taken AS t CROSS JOIN unnest(t.ids, t.rns, t.leases) AS p(id, rn, lease)",
+    lease="p.lease",
+    tag=NEW_TAG_SQL.format(id="m.id"),
+    owner_user="NULL",
+)
 CLAIM_MANY = Statement(
     text(f"""
 WITH picked AS (
@@ -395,12 +401,7 @@ WITH picked AS (
 ),
 taken AS (SELECT array_agg(id) AS ids, array_agg(rn) AS rns, array_agg(lease) AS leases
           FROM picked)
-{_TAKE_PICKED_AS.format(
-    picked="taken AS t CROSS JOIN unnest(t.ids, t.rns, t.leases) AS p(id, rn, lease)",
-    lease="p.lease",
-    tag=NEW_TAG_SQL.format(id="m.id"),
-    owner_user="NULL",
-)}
+{_TAKE_MANY}
 {_CLAIMED}""")
 )
 
