@@ -269,32 +269,23 @@ class Dispatcher:
                         self.hub.drained(queue_id, None)
                         return False
                     order, claimed = found
-                elif order[0].groups:
-                    claimed = await deliveries.claim_grouped(
-                        self.db.hot,
-                        queue_id=queue_id,
-                        n=len(order),
-                        lease_seconds=order[0].lease_seconds,
-                        process_id=self.process_id,
-                        owners=[s.outlet.id for s in order],
-                        owner_user=None,
-                    )
-                elif together:
-                    claimed = await self._claim_together(
-                        deliveries.ClaimWant(
-                            queue_id, [s.outlet.id for s in order], order[0].lease_seconds
-                        )
-                    )
                 else:
-                    claimed = await deliveries.claim(
-                        self.db.hot,
-                        queue_id=queue_id,
-                        n=len(order),
-                        lease_seconds=order[0].lease_seconds,
-                        process_id=self.process_id,
-                        owners=[s.outlet.id for s in order],
-                        owner_user=None,
-                    )
+                    owners = [s.outlet.id for s in order]
+                    lease = order[0].lease_seconds
+                    if together and not order[0].groups:
+                        want = deliveries.ClaimWant(queue_id, owners, lease)
+                        claimed = await self._claim_together(want)
+                    else:
+                        claim = deliveries.claim_grouped if order[0].groups else deliveries.claim
+                        claimed = await claim(
+                            self.db.hot,
+                            queue_id=queue_id,
+                            n=len(order),
+                            lease_seconds=lease,
+                            process_id=self.process_id,
+                            owners=owners,
+                            owner_user=None,
+                        )
                 self._hand_out(queue_id, order, claimed)
             self.metrics.claims.labels(via="websocket").inc()
             if len(claimed) < len(order):

@@ -28,6 +28,12 @@ from tests.wsclient import basic
 POOL = 5
 OVERFLOW = 5
 MB = 1024 * 1024
+#: the brokers of this module: a small pool, so that its bound shows
+BROKER_ENV: dict[str, Any] = {
+    "MESSAGEX_DB_POOL_SIZE": POOL,
+    "MESSAGEX_DB_MAX_OVERFLOW": OVERFLOW,
+    "MESSAGEX_LOG_LEVEL": "warning",
+}
 
 
 async def open_many(url: str, n: int, queue: str) -> list[ClientConnection]:
@@ -74,17 +80,27 @@ async def scenario(broker: BrokerProc, n: int) -> dict[str, Any]:
         for ws in sockets:
             await ws.close()
     return {
+        **memory_figures(n, before, after, opened, db_sessions),
+        "rest_latency_ms": latency * 1000,
+        "health": health.status_code,
+        "overview_connections": overview["connections"],
+        "delivered": got,
+        "consumers": stats["consumers"],
+    }
+
+
+def memory_figures(
+    n: int, before: int, after: int, opened: float, db_sessions: list[Any]
+) -> dict[str, Any]:
+    """What n idle sockets cost: broker RSS before and after them, per connection, the time
+    to open them, the database sessions while they idle."""
+    return {
         "n": n,
         "per_connection_kb": (after - before) / n / 1024,
         "rss_before_mb": before / MB,
         "rss_after_mb": after / MB,
         "open_seconds": opened,
         "db_sessions": len(db_sessions),
-        "rest_latency_ms": latency * 1000,
-        "health": health.status_code,
-        "overview_connections": overview["connections"],
-        "delivered": got,
-        "consumers": stats["consumers"],
     }
 
 
@@ -107,14 +123,7 @@ def broker(module_db: str, module_logs: Path) -> Iterator[BrokerProc]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 5000:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 10000), hard))
-    with brokers(
-        module_db,
-        module_logs,
-        1,
-        MESSAGEX_DB_POOL_SIZE=POOL,
-        MESSAGEX_DB_MAX_OVERFLOW=OVERFLOW,
-        MESSAGEX_LOG_LEVEL="warning",
-    ) as (b,):
+    with brokers(module_db, module_logs, 1, **BROKER_ENV) as (b,):
         yield b
 
 
@@ -239,12 +248,7 @@ async def own_queues_scenario(broker: BrokerProc, n: int) -> dict[str, Any]:
         await db.close()
     latencies.sort()
     return {
-        "n": n,
-        "per_connection_kb": (after - before) / n / 1024,
-        "rss_before_mb": before / MB,
-        "rss_after_mb": after / MB,
-        "open_seconds": opened,
-        "db_sessions": len(db_sessions),
+        **memory_figures(n, before, after, opened, db_sessions),
         "idle_cpu_percent": idle_cpu,
         "overview_connections": overview["connections"],
         "publish_to_delivery_ms_p50": latencies[len(latencies) // 2],
@@ -256,15 +260,8 @@ async def own_queues_scenario(broker: BrokerProc, n: int) -> dict[str, Any]:
 def tabs_broker(module_db: str, module_logs: Path) -> Iterator[BrokerProc]:
     """A broker that lets one user open 10,000 sockets (the default allows fewer)."""
     raise_open_files_limit()
-    with brokers(
-        module_db,
-        module_logs,
-        1,
-        MESSAGEX_DB_POOL_SIZE=POOL,
-        MESSAGEX_DB_MAX_OVERFLOW=OVERFLOW,
-        MESSAGEX_LOG_LEVEL="warning",
-        MESSAGEX_MAX_CONNECTIONS_PER_USER=str(OWN_QUEUES + 100),
-    ) as (b,):
+    limit = {"MESSAGEX_MAX_CONNECTIONS_PER_USER": str(OWN_QUEUES + 100)}
+    with brokers(module_db, module_logs, 1, **BROKER_ENV, **limit) as (b,):
         yield b
 
 
