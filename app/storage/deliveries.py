@@ -96,7 +96,7 @@ async def ready_queues(
     """(queue id, seconds until its first ready message is due; <= 0 when one is) for every
     queue with ready messages — or, given ``queue_ids``, for those of them that have some."""
     if queue_ids is None:
-        rows = await hot.fetch(queries.READY_QUEUES, {})
+        rows = await hot.fetch(queries.READY_QUEUES, {"after": 0})
     else:
         rows = await hot.fetch(queries.READY_QUEUES_OF, {"queue_ids": list(queue_ids)})
     return [(int(r[0]), float(r[1])) for r in rows]
@@ -269,15 +269,19 @@ FOR UPDATE OF m
 
 # Whether the expiry sweep has anything to do: one probe of ix_messages_expiry on the hot
 # path (no transaction), so that an idle sweep costs one short statement, not a transaction.
+# :lead_s (0) is a parameter so that the plan is made for the table as it is at each call
+# (app/storage/planner.py): without one, PostgreSQL kept a plan made while the table looked
+# empty, a sequential scan, and ran it 8 times a second over a growing table.
 ANY_EXPIRED_READY = text("""
 SELECT EXISTS (SELECT 1 FROM messages AS m
-               WHERE m.status = 'ready' AND m.expires_at IS NOT NULL AND m.expires_at <= now())
+               WHERE m.status = 'ready' AND m.expires_at IS NOT NULL
+                 AND m.expires_at <= now() + CAST(:lead_s AS float8) * interval '1 second')
 """)
 _ANY_EXPIRED_READY = Statement(ANY_EXPIRED_READY)
 
 
 async def any_expired_ready(hot: HotPath) -> bool:
-    return bool(await hot.fetchval(_ANY_EXPIRED_READY, {}))
+    return bool(await hot.fetchval(_ANY_EXPIRED_READY, {"lead_s": 0}))
 
 
 # The expiry sweep's bulk of the work: expired copies whose queue has no dead-letter target

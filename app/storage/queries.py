@@ -469,10 +469,14 @@ FROM messages WHERE queue_id = :queue_id AND status = 'ready'
 # A loose index scan of ix_messages_claim: one probe per queue that has ready rows, however
 # many rows wait in it, and one probe in all when nothing waits anywhere — so an idle
 # broker's poll costs nothing per subscription. The caller keeps the queues it subscribes.
+# :after (0: from the first queue) is a parameter so that the plan is made for the table as
+# it is at each call (app/storage/planner.py): PostgreSQL keeps the first plan of a prepared
+# statement without parameters, and one made while the table looked empty scans it.
 READY_QUEUES = Statement(
     text("""
 WITH RECURSIVE ready(queue_id, available_at) AS (
-    (SELECT queue_id, available_at FROM messages WHERE status = 'ready'
+    (SELECT queue_id, available_at FROM messages
+     WHERE status = 'ready' AND queue_id > CAST(:after AS bigint)
      ORDER BY queue_id, available_at LIMIT 1)
     UNION ALL
     SELECT n.queue_id, n.available_at

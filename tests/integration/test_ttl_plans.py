@@ -84,7 +84,7 @@ def _uses(nodes: list[dict[str, Any]], relation: str, index: str) -> bool:
     ("clause", "params"),
     [
         (deliveries.LOCK_EXPIRED_READY, {"n": 2000}),  # the copies that take the retry path
-        (deliveries.ANY_EXPIRED_READY, {}),  # the idle sweep's probe
+        (deliveries.ANY_EXPIRED_READY, {"lead_s": 0}),  # the idle sweep's probe
         (deliveries.DISCARD_EXPIRED, {"n": 25_000}),  # the bulk delete (EXPIRY_DISCARD_BATCH)
     ],
     ids=["lock", "probe", "discard"],
