@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.checker import Delivery, Ledger, QueueSpec, Report, check
+from tests.faults.checker import Ledger, QueueSpec, Report, check
 from tests.faults.harness import (
     ADMIN,
     BrokerProc,
@@ -45,6 +45,7 @@ from tests.faults.harness import (
     drain,
     join_all,
     queue_pair,
+    record_delivery,
     remaining_rows,
 )
 from tests.faults.pg import migrate
@@ -101,18 +102,8 @@ def _pull_one(broker: BrokerProc, ledger: Ledger, queue: str) -> bool:
         r = api.post(f"/queues/{queue}/get", json={"max_messages": 1})
         if r.status_code != 200 or not r.json()["messages"]:
             return False
-        m = r.json()["messages"][0]
-        d = Delivery(
-            consumer="pull",
-            connection=f"pull/{broker.port}",
-            queue=queue,
-            message_id=m["message_id"],
-            tag=m["delivery_tag"],
-            delivery_count=m["delivery_count"],
-            redelivered=m["redelivered"],
-            at=time.monotonic(),
-        )
-        ledger.delivered(d)
+        # a pulled message has the fields of a MESSAGE_DELIVERED frame
+        d = record_delivery(ledger, r.json()["messages"][0], "pull", f"pull/{broker.port}")
         ack = api.post(f"/deliveries/{d.tag}/ack")
         ledger.settled(d, "acked" if ack.status_code == 204 else f"ack_rejected:{ack.status_code}")
         return ack.status_code == 204
