@@ -286,7 +286,15 @@ def test_live_broker_taken_for_dead_rejoins_and_its_late_acks_are_refused(
         steady = Consumer(ledger, [b.ws_url], names, stop, prefetch=10)
         steady.start()
         process = sql(database_url, "SELECT id::text FROM broker_processes WHERE pid = $1", a.pid)
-        assert backdate_heartbeat(database_url, a.pid) == 1
+        assert process
+        # A's own heartbeat (every 2 s) may write over one backdate before B's reaper reads
+        # it (this failed in CI once): backdate until B has taken A for dead (no row left)
+        wait_for(
+            lambda: backdate_heartbeat(database_url, a.pid) == 0,
+            10,
+            0.05,
+            message="B to take A for dead",
+        )
 
         def redelivered() -> set[str]:  # to B's consumer, or to A's again once released
             return {d.message_id for d in list(ledger.deliveries) if d.redelivered}

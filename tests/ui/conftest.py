@@ -19,7 +19,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    expect,
+    sync_playwright,
+)
 
 from tests.support import (
     ADMIN_PASSWORD,
@@ -86,6 +93,9 @@ def rest(ui_server: LiveServer) -> Iterator[httpx.Client]:
 def context(browser: Browser) -> Iterator[BrowserContext]:
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     ctx.set_default_timeout(10_000)
+    # expect(...) has its own default (5 s): on a loaded CI runner (three test workers on
+    # two cores) a WebSocket publish's answer once took longer. The same bound as actions.
+    expect.set_options(timeout=10_000)
     try:
         yield ctx
     finally:
