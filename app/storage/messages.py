@@ -8,7 +8,8 @@ on its concurrency reasoning. Callers own the transactions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -264,13 +265,9 @@ async def _execute_insert(
     if not returning:
         await execute_insert(conn, statement, params)
         return []
-    try:
+    with _queue_deleted_on_foreign_key():
         rows: Sequence[Any] = await conn.fetch(statement.sql, *statement.args(params))
-        return rows
-    except asyncpg.ForeignKeyViolationError as exc:
-        if constraint(exc) == FK_MESSAGES_QUEUE:
-            raise QueueDeleted() from None
-        raise
+    return rows
 
 
 async def execute_insert(
@@ -279,9 +276,16 @@ async def execute_insert(
     """Run a statement that inserts copies (INSERT_COPIES or one built on it); its status
     (``"DELETE 3"`` for one whose last part deletes). QueueDeleted when a target queue is
     gone (the foreign key)."""
-    try:
+    with _queue_deleted_on_foreign_key():
         status: str = await conn.execute(statement.sql, *statement.args(params))
-        return status
+    return status
+
+
+@contextmanager
+def _queue_deleted_on_foreign_key() -> Iterator[None]:
+    """An insert of copies whose queue was deleted meanwhile: QueueDeleted, not a 500."""
+    try:
+        yield
     except asyncpg.ForeignKeyViolationError as exc:
         if constraint(exc) == FK_MESSAGES_QUEUE:
             raise QueueDeleted() from None
