@@ -22,6 +22,7 @@ the publish's INSERT runs on its driver connection, in the same transaction):
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from app.domain.model import OutgoingMessage
 from app.errors import ValidationFailed
 from app.storage import deliveries, queries
 from app.storage.fastpath import HotPath, Statement
-from app.storage.messages import execute_insert, insert_params
+from app.storage.messages import execute_insert, fetchval_insert, insert_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,7 @@ DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
 
 
 # A publish group's INSERT and the drop-head of its limited queues in ONE statement, run
-# right after LOCK_QUEUES in the same transaction (``insert_and_trim``). The INSERT is
+# right after LOCK_QUEUES (``insert_and_trim``, inside TRIMMING_FUNCTION below). The INSERT is
 # INSERT_COPIES' own; the DELETE's snapshot (the statement's: every commit up to the lock
 # included) does not hold the rows it inserts, so each queue's excess is its counted ready
 # copies plus the :trim_added due copies the group brings, minus its limit, and that many
@@ -167,10 +168,59 @@ DELETE FROM messages WHERE id = ANY(ARRAY(
     SELECT h.id FROM over AS o CROSS JOIN LATERAL ({_HEAD_OF_OVER}) AS h))
 """)
 
+# INSERT_TRIMMING is exact only in a snapshot taken after LOCK_QUEUES was granted, and READ
+# COMMITTED takes a statement's snapshot when it starts, before any lock it then waits for:
+# so two statements, which on the client were three round trips (BEGIN with the lock, the
+# statement, COMMIT), where a plain publish makes one. A VOLATILE PL/pgSQL function runs each
+# of its statements in a snapshot of its own: TRIMMING_FUNCTION (migration 0017) takes the
+# lock, then runs INSERT_TRIMMING, in one call that is its own transaction. Its body is
+# INSERT_TRIMMING as compiled (``$n``: the function's parameters, in the Statement's order)
+# with one change: "due" is by the clock read once the lock is granted, not by
+# ``statement_timestamp()``, which inside a function is when the call arrived, before the
+# wait; a racing publish that committed meanwhile stored its copies with a later
+# ``available_at`` (its own start), and they would not be counted. Inside the function
+# INSERT_TRIMMING keeps what it does on a connection: its plan is made for each call (the
+# connection's force_custom_plan holds for a function's statements too), and
+# ``generic_checks`` still lets its foreign-key checks, run when the INSERT ends, keep one
+# generic plan. The migration holds the text ``trimming_function()`` gave when it was
+# written; tests/unit/test_limits.py checks that it still gives it (a change to
+# INSERT_TRIMMING or to the INSERT_COPIES it is built on needs a migration replacing it).
+TRIMMING_FUNCTION = "messagex._insert_trimming"
+_INSERT_TRIMMING = Statement(INSERT_TRIMMING)
+
+
+def _parameter_types(statement: Statement, sql: str) -> list[str]:
+    """The type of each of ``statement``'s parameters, from the CAST that ``sql`` (its text)
+    gives it: the function's signature."""
+    casts = dict(re.findall(r"CAST\(:(\w+) AS ([\w\[\]]+)\)", sql))
+    return [casts[name] for name in statement.names]
+
+
+def trimming_function() -> str:
+    """The CREATE FUNCTION of TRIMMING_FUNCTION (above), ``{path}`` standing for its
+    search_path (the migration's: ``pg_catalog``, the broker's schema, ``pg_temp``)."""
+    types = ", ".join(_parameter_types(_INSERT_TRIMMING, INSERT_TRIMMING.text))
+    trim_queue = f"${_INSERT_TRIMMING.names.index('trim_queue') + 1}"
+    lock = LOCK_QUEUES.text.strip().replace("SELECT id FROM", "PERFORM FROM", 1)
+    body = _INSERT_TRIMMING.sql.strip().replace("statement_timestamp()", "due_by")
+    return (
+        f"CREATE FUNCTION {TRIMMING_FUNCTION}({types}) RETURNS bigint\n"
+        "LANGUAGE plpgsql VOLATILE SET search_path = {path} AS $fn$\n"
+        "DECLARE\n    due_by timestamptz;\n    dropped bigint;\nBEGIN\n"
+        f"{lock.replace('CAST(:ids AS bigint[])', trim_queue)};\n"
+        "due_by := clock_timestamp();\n"
+        f"{body};\n"
+        "GET DIAGNOSTICS dropped = ROW_COUNT;\nRETURN dropped;\nEND\n$fn$"
+    )
+
+
+_TRIMMING_CALL = Statement(
+    text(f"SELECT {TRIMMING_FUNCTION}({', '.join(':' + n for n in _INSERT_TRIMMING.names)})")
+)
+
 
 _LOCK_QUEUES = Statement(LOCK_QUEUES)
 _TRIM_HEAD = Statement(TRIM_HEAD)
-_INSERT_TRIMMING = Statement(INSERT_TRIMMING)
 
 
 def _begin_locking(ids: Sequence[int]) -> str:
@@ -195,7 +245,7 @@ def due_copies(
 
 
 def trims_in_insert(queues: Sequence[QueueInfo], added: Mapping[int, int]) -> bool:
-    """Whether INSERT_TRIMMING's one statement is exact for these limited queues (above)."""
+    """Whether INSERT_TRIMMING (so TRIMMING_FUNCTION) is exact for these limited queues."""
     return all(
         q.arguments.max_priority is None
         and q.arguments.max_length is not None
@@ -217,27 +267,24 @@ async def insert_and_trim(
     transaction on a hot-path connection; returns the copies dropped. What ``Limits.hold``,
     ``admit`` and ``settle_publish`` do for such queues (no closure, nothing rejected,
     nothing dead-lettered), without SQLAlchemy's execution path around each statement.
-    Three round trips where it can (BEGIN with the locks, INSERT_TRIMMING, COMMIT); else the
-    INSERT and a TRIM_HEAD per queue after it."""
-    ids = sorted({q.id for q in queues})
+    One round trip where it can (TRIMMING_FUNCTION: the locks, then INSERT_TRIMMING); else
+    BEGIN with the locks, the INSERT, a TRIM_HEAD per queue, COMMIT."""
     params = insert_params(messages, copies, receipt, priorities)
     added = due_copies(messages, copies)
     async with hot.connection() as conn:
-        await conn.execute(_begin_locking(ids))
+        if trims_in_insert(queues, added):
+            params["trim_queue"] = [q.id for q in queues]
+            params["trim_max"] = [q.arguments.max_length for q in queues]
+            params["trim_added"] = [added.get(q.id, 0) for q in queues]
+            return int(await fetchval_insert(conn, _TRIMMING_CALL, params))
+        await conn.execute(_begin_locking(sorted({q.id for q in queues})))
         try:
-            if trims_in_insert(queues, added):
-                params["trim_queue"] = [q.id for q in queues]
-                params["trim_max"] = [q.arguments.max_length for q in queues]
-                params["trim_added"] = [added.get(q.id, 0) for q in queues]
-                status = await execute_insert(conn, _INSERT_TRIMMING, params)
-                dropped = int(status.rsplit(" ", 1)[-1])
-            else:
-                await execute_insert(conn, queries.INSERT_COPIES, params)
-                dropped = 0
-                for queue in queues:
-                    trim = {"queue_id": queue.id, "max_length": queue.arguments.max_length}
-                    status = await conn.execute(_TRIM_HEAD.sql, *_TRIM_HEAD.args(trim))
-                    dropped += int(status.rsplit(" ", 1)[-1])
+            await execute_insert(conn, queries.INSERT_COPIES, params)
+            dropped = 0
+            for queue in queues:
+                trim = {"queue_id": queue.id, "max_length": queue.arguments.max_length}
+                status = await conn.execute(_TRIM_HEAD.sql, *_TRIM_HEAD.args(trim))
+                dropped += int(status.rsplit(" ", 1)[-1])
         except Exception as exc:
             # (a statement cut short leaves the connection mid-query: the pool closes it)
             if not isinstance(exc, TimeoutError) and not conn.is_closed():

@@ -281,6 +281,15 @@ async def execute_insert(
     return status
 
 
+async def fetchval_insert(
+    conn: asyncpg.Connection, statement: Statement, params: dict[str, Any]
+) -> Any:
+    """``execute_insert`` for a statement that returns one value (a function that inserts
+    copies: storage/limits.py TRIMMING_FUNCTION)."""
+    with _queue_deleted_on_foreign_key():
+        return await conn.fetchval(statement.sql, *statement.args(params))
+
+
 @contextmanager
 def _queue_deleted_on_foreign_key() -> Iterator[None]:
     """An insert of copies whose queue was deleted meanwhile: QueueDeleted, not a 500."""

@@ -56,3 +56,22 @@ def test_a_copy_stores_the_priority_its_queue_claims_by(
 ) -> None:
     arguments = QueueArguments(max_priority=max_priority)
     assert priority_of(arguments, _message(priority)) == expected
+
+
+def test_the_migration_holds_the_trimming_function_the_statement_gives() -> None:
+    """Migration 0017 holds TRIMMING_FUNCTION as ``trimming_function()`` wrote it: a change
+    of INSERT_TRIMMING (or of the INSERT_COPIES it is built on) fails here until a migration
+    replaces the function in the database."""
+    import importlib.util
+    from pathlib import Path
+
+    from app.storage import limits
+
+    path = Path(__file__).parents[2] / "alembic/versions/0017_insert_trimming_function.py"
+    spec = importlib.util.spec_from_file_location("migration_0017", path)
+    assert spec is not None
+    assert spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    assert limits.trimming_function() == migration.FUNCTION
+    assert migration.FUNCTION.startswith(f"CREATE FUNCTION {migration.SIGNATURE} RETURNS")
