@@ -6,7 +6,10 @@ costs no task and no statement. What a lost wake-up would leave waiting, one pol
 finds (``_poll``, every ``poll_interval``): one statement lists the queues with ready messages
 (``storage.deliveries.ready_queues``), the due ones among this process's are woken, and the
 ones whose first delayed message falls due before the next poll go on the process's one timer
-(``_timer``), which wakes each at its due time (measured on the database clock).
+(``_timer``), which wakes each at its due time (measured on the database clock). Queues the
+timer finds due together are claimed together, with each one's next due time, in one
+statement (``_claim_due``): delayed messages falling due over many queues cost a statement per
+timer turn, not a claim and a look-up per message.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import heapq
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from app.broker.consumers import ConsumerRegistry, Subscription
 from app.broker.tasks import TaskOwner
@@ -30,6 +33,9 @@ log = logging.getLogger("messagex.dispatch")
 
 #: at most this many rows per claim statement
 MAX_CLAIM = 1000
+#: when several queues' delayed messages fall due within this long of each other, the timer
+#: waits for the last of them and claims them together: at most this late, never early
+DUE_TOGETHER = 0.02
 #: a process with at most this many subscribed queues polls them one by one (one index probe
 #: each) rather than listing every queue with ready messages
 PROBE_MAX = 100
@@ -221,15 +227,113 @@ class Dispatcher:
             self._timer_changed.clear()
             now = loop.time()
             fire: list[int] = []
-            while self._due and self._due[0][0] <= now:
-                when, queue_id = heapq.heappop(self._due)
-                if self._due_at.get(queue_id) == when:
-                    del self._due_at[queue_id]
-                    fire.append(queue_id)
+            if self._due and self._fire_at() <= now:
+                while self._due and self._due[0][0] <= now:
+                    when, queue_id = heapq.heappop(self._due)
+                    if self._due_at.get(queue_id) == when:
+                        del self._due_at[queue_id]
+                        fire.append(queue_id)
             if fire:
-                self.hub.wake(fire)
-            wait = self._due[0][0] - now if self._due else 3600.0
+                self._fire(fire)
+            wait = self._fire_at() - now if self._due else 3600.0
             await wait_event(self._timer_changed, wait)
+
+    def _fire_at(self) -> float:
+        """When the timer turns next: at the first due time, or ``DUE_TOGETHER`` after it when
+        another queue falls due within that window (then both go in one claim)."""
+        first = self._due[0][0]
+        following = self._due[1:3]
+        if following and min(following)[0] <= first + DUE_TOGETHER:
+            return first + DUE_TOGETHER
+        return first
+
+    def _fire(self, queue_ids: list[int]) -> None:
+        """The timer's due queues: pulls waiting on them wake; those with local subscribers
+        are claimed together (``_claim_due``)."""
+        self.hub.wake_waiters(queue_ids)
+        watched = [q for q in queue_ids if self.hub.is_watched(q)]
+        if watched:
+            self.tasks.spawn(self._claim_due(watched), name="dispatch-due-claim")
+
+    async def _claim_due(self, queue_ids: list[int]) -> None:
+        """Claim for every queue of ``queue_ids`` that is plain (neither single-active nor
+        grouped), has credit and no claim running, in ONE statement (``CLAIM_DUE``) that also
+        tells when each has a copy due next; every other queue is woken as a publish wakes
+        it. Each claimed queue's lock is held from before the statement until its copies
+        are handed out, and it counts as claiming (``_workers``), as its claim task would."""
+        me = asyncio.current_task()
+        assert me is not None
+        taken = await self._take_for_due(queue_ids, me)
+        if not taken:
+            return
+        again: list[int] = []
+        try:
+            wants = [
+                deliveries.ClaimWant(q, [s.outlet.id for s in order], order[0].lease_seconds)
+                for q, (order, _) in taken.items()
+            ]
+            try:
+                async with self._claim_slots:
+                    found = await deliveries.claim_due(self.db.hot, wants, self.process_id)
+            except Unavailable:
+                found = {}  # the poll tries again
+            except Exception:
+                log.exception("claim of %d due queues failed", len(wants))
+                found = {}
+                again.extend(taken)  # each claims on its own
+            if found:
+                self.metrics.claims.labels(via="websocket").inc()
+            for queue_id, due in found.items():
+                order, wakes = taken[queue_id]
+                self._hand_out(queue_id, order, due.claimed)
+                if len(due.claimed) < len(order):
+                    self.hub.drained(queue_id, wakes)
+                    if due.next_due is not None:
+                        self._wake_at(queue_id, due.next_due)
+                else:  # it took all it could: more may wait
+                    self.hub.drained(queue_id, None)
+                    again.append(queue_id)
+        finally:
+            again.extend(self._untake(taken, me))
+        for queue_id in dict.fromkeys(again):
+            self.poke(queue_id)
+
+    async def _take_for_due(
+        self, queue_ids: list[int], me: asyncio.Task[None]
+    ) -> dict[int, tuple[list[Subscription], int]]:
+        """``_claim_due``'s queues: locked and marked as claiming by ``me``, each with its
+        round-robin order and its wake-up count; the others are woken."""
+        taken: dict[int, tuple[list[Subscription], int]] = {}
+        others: list[int] = []
+        for queue_id in queue_ids:
+            lock = self.lock(queue_id)
+            if queue_id in self._workers or lock.locked():
+                others.append(queue_id)  # claiming now: it claims again when it is done
+                continue
+            order = self.registry.round_robin(queue_id, MAX_CLAIM)
+            if not order or order[0].single_active or order[0].groups:
+                others.append(queue_id)
+                continue
+            await lock.acquire()  # free: taken without waiting
+            self._workers[queue_id] = me
+            taken[queue_id] = (order, self.hub.wakes(queue_id))
+        if others:
+            self.hub.wake(others)
+        return taken
+
+    def _untake(self, taken: Iterable[int], me: asyncio.Task[None]) -> list[int]:
+        """Unlock what ``_take_for_due`` took; returns those woken meanwhile."""
+        again: list[int] = []
+        for queue_id in taken:
+            self.lock(queue_id).release()
+            if self._workers.get(queue_id) is me:
+                del self._workers[queue_id]
+            if queue_id in self._again:
+                self._again.discard(queue_id)
+                again.append(queue_id)
+            if not self.registry.has_queue(queue_id):
+                self.forget(queue_id)
+        return again
 
     async def _dispatch(self, queue_id: int) -> bool:
         """Hand out until credit or ready messages run out.

@@ -63,6 +63,63 @@ async def claim(hot: HotPath, **args: Unpack[ClaimArgs]) -> list[Claimed]:
     return claimed_rows(await hot.fetch(queries.CLAIM, claim_params(**args)))
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimWant:
+    """One queue's part of ``claim_due``: up to ``len(owners)`` ready copies of the queue,
+    the i-th in claim order leased to ``owners[i]`` (WebSocket connections) for
+    ``lease_seconds``."""
+
+    queue_id: int
+    owners: Sequence[str]
+    lease_seconds: float
+
+
+def claim_due_params(wants: Sequence[ClaimWant], process_id: str) -> dict[str, Any]:
+    """The parameters of ``queries.CLAIM_DUE``: the owners of every queue in one array,
+    queue i's from ``bases[i]`` on."""
+    bases: list[int] = []
+    owners: list[str] = []
+    for want in wants:
+        bases.append(len(owners))
+        owners.extend(want.owners)
+    return {
+        "queue_ids": [w.queue_id for w in wants],
+        "ns": [len(w.owners) for w in wants],
+        "leases": [float(w.lease_seconds) for w in wants],
+        "bases": bases,
+        "process_id": process_id,
+        "owners": owners,
+    }
+
+
+@dataclass(slots=True)
+class DueClaim:
+    """What ``claim_due`` found for one queue: its deliveries in claim order (``slot``: the
+    index of the owner in its ``owners``), and the seconds until its next ready copy falls
+    due (None: it has none that is not due now)."""
+
+    claimed: list[Claimed] = field(default_factory=list)
+    next_due: float | None = None
+
+
+async def claim_due(
+    hot: HotPath, wants: Sequence[ClaimWant], process_id: str
+) -> dict[int, DueClaim]:
+    """The claims of several plain queues, and when each has a copy due next, in one
+    statement (``queries.CLAIM_DUE``). A queue may appear once only."""
+    params = claim_due_params(wants, process_id)
+    rows = await hot.fetch(queries.CLAIM_DUE, params)
+    base = dict(zip(params["queue_ids"], params["bases"], strict=True))
+    found = {w.queue_id: DueClaim() for w in wants}
+    for r in sorted(rows, key=lambda r: (r[0], r[2] or 0)):
+        queue_id = int(r[0])
+        due = found[queue_id]
+        due.next_due = None if r[1] is None else float(r[1])
+        if r[2] is not None:
+            due.claimed.append(Claimed(r[2] - 1 - base[queue_id], *r[3:]))
+    return found
+
+
 def group_claim_params(**args: Unpack[ClaimArgs]) -> dict[str, Any]:
     """The parameters of ``queries.CLAIM_GROUPS``: the claim's, and the window of ready rows
     its walk looks at (see there)."""

@@ -10,7 +10,8 @@ parameters and read their rows stay with their subject; the plan tests
 publish                     LOAD_ROUTES, LOAD_ROUTE_GRAPH, FIND_QUEUES, INSERT_COPIES,
                             INSERT_COPIES_HANDING_OFF (storage.messages)
 publish in doubt            SETTLE_RECEIPT, SWEEP_RECEIPTS (storage.messages)
-claim                       CLAIM, CLAIM_GROUPS, LOCK_GROUP_CLAIM, NEXT_DUE (storage.deliveries)
+claim                       CLAIM, CLAIM_DUE, CLAIM_GROUPS, LOCK_GROUP_CLAIM, NEXT_DUE
+                            (storage.deliveries)
 poll                        READY_QUEUES, READY_QUEUES_OF (storage.deliveries)
 acknowledge                 ACK_MANY, ACK_PULL_MANY (storage.deliveries)
 authenticate                LOOKUP_PASSWORD_USER, LOOKUP_SESSION (storage.accounts)
@@ -283,17 +284,23 @@ WHERE created_at < now() - CAST(:older_than_seconds AS bigint) * interval '1 sec
 
 # The claims' common end: the rows of CTE ``picked`` (id, rn) go in flight, row rn to owner
 # :owners[rn] (NULL for a pull: the row belongs to :owner_user), with a new tag and lease.
-_TAKE_PICKED = f"""UPDATE messages AS m SET
+_TAKE_PICKED_AS = """UPDATE messages AS m SET
     status = 'in_flight',
     delivery_count = m.delivery_count + 1,
     delivered_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    delivery_tag = {NEW_TAG_SQL.format(id="m.id")},
+    lease_expires_at = now() + make_interval(secs => {lease}),
+    delivery_tag = {tag},
     owner_process = CAST(:process_id AS uuid),
     owner_connection = (CAST(:owners AS uuid[]))[p.rn],
-    owner_user = CAST(:owner_user AS text)
-FROM picked AS p
+    owner_user = {owner_user}
+FROM {picked}
 WHERE m.id = p.id"""
+_TAKE_PICKED = _TAKE_PICKED_AS.format(
+    picked="picked AS p",
+    lease=":lease_seconds",
+    tag=NEW_TAG_SQL.format(id="m.id"),
+    owner_user="CAST(:owner_user AS text)",
+)
 #: what a claim returns (deliveries.claimed_rows)
 _CLAIMED = (
     "RETURNING p.rn, m.id, m.queue_id, m.message_id, m.exchange, m.routing_key, m.headers::text,"
@@ -302,23 +309,24 @@ _CLAIMED = (
 )
 
 
-def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
-    """The due ready rows of queue ``:queue_id`` in claim order (contract §10, §13), at most
-    ``limit``: a UNION ALL of two index walks, one home for the order that claims and
-    drop-head (broker/limits.py) both follow. A priority queue's rows all carry a priority
-    (``ix_messages_priority``: priority descending, available_at, id), every other queue's
-    none (``ix_messages_claim``: available_at, id), so one branch is empty for any queue: a
-    plain queue's claim pays one probe of an index that holds none of its rows, and a
-    priority queue's never reaches the second branch while the first fills the limit (the
-    Append stops). ``lock``: a locking clause applied in both branches. The rows come out in
-    claim order; callers that number them use CLAIM_ORDER. "Due" is by the statement's own
-    clock (``statement_timestamp()``, which is ``now()`` for a statement alone): inside a
-    transaction that waited for a queue's lock (storage/limits.py), ``now()`` would be the
+def ready_in_claim_order(columns: str, limit: str, lock: str = "", queue: str = ":queue_id") -> str:
+    """The due ready rows of queue ``queue`` (SQL: a parameter or a column) in claim order
+    (contract §10, §13), at most ``limit``: a UNION ALL of two index walks, one home for the
+    order that claims and drop-head (broker/limits.py) both follow. A priority queue's rows
+    all carry a priority (``ix_messages_priority``: priority descending, available_at, id),
+    every other queue's none (``ix_messages_claim``: available_at, id), so one branch is
+    empty for any queue: a plain queue's claim pays one probe of an index that holds none of
+    its rows, and a priority queue's never reaches the second branch while the first fills
+    the limit (the Append stops). ``lock``: a locking clause applied in both branches. The
+    rows come out in claim order; callers that number them use CLAIM_ORDER. "Due" is by the
+    statement's own clock (``statement_timestamp()``, which is ``now()`` for a statement
+    alone): inside a transaction that waited for a queue's lock (storage/limits.py),
+    ``now()`` would be the
     time it began, before the copies committed while it waited."""
     return f"""
     SELECT * FROM (
         SELECT {columns} FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NOT NULL
+        WHERE queue_id = {queue} AND status = 'ready' AND priority IS NOT NULL
           AND available_at <= statement_timestamp()
           AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY priority DESC, available_at, id
@@ -327,7 +335,7 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "") -> str:
     UNION ALL
     SELECT * FROM (
         SELECT {columns} FROM messages
-        WHERE queue_id = :queue_id AND status = 'ready' AND priority IS NULL
+        WHERE queue_id = {queue} AND status = 'ready' AND priority IS NULL
           AND available_at <= statement_timestamp()
           AND (expires_at IS NULL OR expires_at > statement_timestamp())
         ORDER BY available_at, id
@@ -361,6 +369,54 @@ WITH picked AS (
 )
 {_TAKE_PICKED}
 {_CLAIMED}""")
+)
+
+# The claims of several plain queues and the next due time of each, in ONE statement: the
+# queues whose delayed copies the dispatcher's timer found due together (Dispatcher._claim_due).
+# Per queue of the unnest, CLAIM's own walk (ready_in_claim_order, FOR UPDATE SKIP LOCKED, at
+# most that queue's :ns) in its own claim order; row r of queue i goes to owner
+# :owners[bases[i] + r] (the owners of every queue in one array). Then, per queue, the first
+# ready copy due after this statement (one probe of ix_messages_claim): where the claim left
+# no copy due, when to claim next. A copy due now but not taken (locked by another claimer,
+# or expired) is not waited for: its claimer hands it out or releases it, which wakes the
+# queue, and the poll covers the rest. Rows: (queue id, seconds until its next due copy or
+# NULL, then CLAIM's columns), one per claimed copy, and one with NULL claim columns for a
+# queue that got none.
+# At 167 copies a second falling due over 1,000 queues this is one statement per timer turn
+# instead of a claim and a next-due look-up per copy (docs/performance.md, "Scale").
+_PICKED_MANY = f"""picked AS (
+    SELECT s.id, w.lease,
+           w.base + row_number() OVER (PARTITION BY w.queue_id ORDER BY {CLAIM_ORDER}) AS rn
+    FROM unnest(CAST(:queue_ids AS bigint[]), CAST(:ns AS int[]),
+                CAST(:leases AS float8[]), CAST(:bases AS int[])) AS w(queue_id, n, lease, base)
+    CROSS JOIN LATERAL ({
+    ready_in_claim_order(
+        "id, priority, available_at", "w.n", "FOR UPDATE SKIP LOCKED", queue="w.queue_id"
+    )
+}
+    ) AS s
+),
+taken AS (SELECT array_agg(id) AS ids, array_agg(rn) AS rns, array_agg(lease) AS leases
+          FROM picked)"""
+_TAKE_MANY = _TAKE_PICKED_AS.format(
+    picked="taken AS t CROSS JOIN unnest(t.ids, t.rns, t.leases) AS p(id, rn, lease)",
+    lease="p.lease",
+    tag=NEW_TAG_SQL.format(id="m.id"),
+    owner_user="NULL",
+)
+CLAIM_DUE = Statement(
+    text(f"""
+WITH {_PICKED_MANY},
+claimed AS (
+{_TAKE_MANY}
+{_CLAIMED})
+SELECT w.queue_id, EXTRACT(EPOCH FROM (d.available_at - now()))::float8, c.*
+FROM unnest(CAST(:queue_ids AS bigint[])) AS w(queue_id)
+LEFT JOIN claimed AS c ON c.queue_id = w.queue_id
+LEFT JOIN LATERAL (SELECT available_at FROM messages
+                   WHERE queue_id = w.queue_id AND status = 'ready'
+                     AND available_at > statement_timestamp()
+                   ORDER BY available_at LIMIT 1) AS d ON true""")
 )
 
 # -- claim in a queue with x-message-groups (contract §16) -----------------------------------

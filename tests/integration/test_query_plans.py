@@ -139,6 +139,24 @@ async def test_the_claim_walks_its_index(conn: asyncpg.Connection, mode: str, qu
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_the_claim_of_queues_due_together_walks_the_index_of_each(
+    conn: asyncpg.Connection, mode: str
+) -> None:
+    """CLAIM_DUE: per queue of the unnest, the plain claim's walk of ix_messages_claim (and
+    one probe of ix_messages_priority) under a Limit, and one probe of ix_messages_claim for
+    its next due copy: never a sequential scan, never a sort of a backlog."""
+    ids = [r[0] for r in await conn.fetch("SELECT id FROM queues ORDER BY id")]
+    wants = [deliveries.ClaimWant(q, [str(uuid.uuid4())] * 100, 30.0) for q in ids]
+    params = deliveries.claim_due_params(wants, str(uuid.uuid4()))
+    nodes = await _plan(conn, queries.CLAIM_DUE, params, mode)
+    scans = _scans(nodes)
+    assert any(n.get("Index Name") == "ix_messages_claim" for n in scans), nodes
+    assert not any(n["Node Type"] == "Seq Scan" for n in scans), nodes
+    for sort in (n for n in nodes if n["Node Type"] == "Sort"):
+        assert _limited(sort), sort
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_the_poll_probes_each_queue_once(conn: asyncpg.Connection, mode: str) -> None:
     """READY_QUEUES (every queue with ready rows) and READY_QUEUES_OF (given queues): every
     read of messages walks ix_messages_claim under a Limit (one row per queue, whatever its
@@ -230,6 +248,12 @@ _AFTER_EMPTY: dict[str, tuple[Statement, Callable[[int], dict[str, Any]]]] = {
             "owners": [_OWNER] * 100,
             "owner_user": None,
         },
+    ),
+    "claim of queues due together": (
+        queries.CLAIM_DUE,
+        lambda q: deliveries.claim_due_params(
+            [deliveries.ClaimWant(q, [_OWNER] * 100, 30.0)], _OWNER
+        ),
     ),
     "next due": (queries.NEXT_DUE, lambda q: {"queue_id": q}),
     "poll of queues": (queries.READY_QUEUES_OF, lambda q: {"queue_ids": [q]}),
