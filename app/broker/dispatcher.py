@@ -305,18 +305,29 @@ class Dispatcher:
         round-robin order and its wake-up count; the others are woken."""
         taken: dict[int, tuple[list[Subscription], int]] = {}
         others: list[int] = []
-        for queue_id in queue_ids:
-            lock = self.lock(queue_id)
-            if queue_id in self._workers or lock.locked():
-                others.append(queue_id)  # claiming now: it claims again when it is done
-                continue
-            order = self.registry.round_robin(queue_id, MAX_CLAIM)
-            if not order or order[0].single_active or order[0].groups:
-                others.append(queue_id)
-                continue
-            await lock.acquire()  # free: taken without waiting
-            self._workers[queue_id] = me
-            taken[queue_id] = (order, self.hub.wakes(queue_id))
+        try:
+            for queue_id in queue_ids:
+                lock = self.lock(queue_id)
+                if queue_id in self._workers or lock.locked():
+                    others.append(queue_id)  # claiming now: it claims again when it is done
+                    continue
+                # counts as claiming first, so a wake-up meanwhile waits for this claim
+                self._workers[queue_id] = me
+                try:
+                    # free: taken at once (behind a waiter of a lock just released, if any)
+                    await lock.acquire()
+                except BaseException:
+                    del self._workers[queue_id]
+                    raise
+                order = self.registry.round_robin(queue_id, MAX_CLAIM)
+                if not order or order[0].single_active or order[0].groups:
+                    self._untake([queue_id], me)  # woken below, like every other
+                    others.append(queue_id)
+                    continue
+                taken[queue_id] = (order, self.hub.wakes(queue_id))
+        except BaseException:
+            self._untake(taken, me)
+            raise
         if others:
             self.hub.wake(others)
         return taken

@@ -730,6 +730,42 @@ def test_delayed_messages_of_many_queues_falling_due_together_share_a_claim(
     assert statements <= 12, statements  # one a queue each time would be 60
 
 
+def test_single_active_and_group_queues_falling_due_with_plain_ones_are_served(
+    url: str, adm: httpx.Client
+) -> None:
+    # The timer claims plain queues together; a single-active queue goes through its gate
+    # and a group queue through the group claim, woken as a publish wakes them, in the
+    # same turn. Each gets its delayed copy, on time.
+    tag = uuid.uuid4().hex[:8]
+    exchange = f"due-mixed-{tag}"
+    r = adm.put(f"/exchanges/{exchange}", json={"type": "fanout"})
+    assert r.status_code in (200, 201), r.text
+    kinds: dict[str, dict[str, bool]] = {f"plain-{tag}-{i}": {} for i in range(3)} | {
+        f"sac-{tag}": {"x-single-active-consumer": True},
+        f"groups-{tag}": {"x-message-groups": True},
+    }
+    for name, arguments in kinds.items():
+        declare_queue(adm, name, arguments=arguments)
+        bind(adm, exchange, name)
+    with WsClient.admin(url) as ws:
+        for name in kinds:
+            ws.subscribe(name, 2)
+        started = time.monotonic()
+        r = adm.post(
+            f"/exchanges/{exchange}/publish",
+            json={"body": "due", "delay_ms": 700, "properties": {"group_id": "g"}},
+        )
+        assert r.status_code == 200, r.text
+        seen = {}
+        for _ in kinds:
+            d = ws.delivery(timeout=5)
+            seen[d["queue"]] = time.monotonic() - started
+            ws.send_json({"type": "ACK", "delivery_tag": d["delivery_tag"]})
+    assert set(seen) == set(kinds)
+    for name, elapsed in seen.items():
+        assert 0.69 <= elapsed <= 1.2, (name, elapsed)
+
+
 def test_ready_messages_pass_a_delayed_one(url: str, adm: httpx.Client, q: str) -> None:
     publish(adm, q, "delayed", delay_ms=60_000)
     publish(adm, q, "now")
