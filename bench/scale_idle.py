@@ -15,9 +15,11 @@ subscriptions, delayed messages falling due, many busy queues.
   over 1,000 queues and over 10: total throughput, and on the 1,000-queue row its ratio to
   the 10-queue one (``extra.busy_ratio``).
 - ``scale busy rabbitmq queues=N``: its peer on RabbitMQ: the same messages, one consumer per
-  queue on a connection of its own (prefetch 100, acks grouped as the MessageX consumer's:
-  ``basic.ack`` with ``multiple`` per 50 or 2 ms), published by the same number of publishers
-  in batches of 100 spanning the queues, each batch's 100 confirms awaited together.
+  queue on a channel of its own (prefetch 100, acks grouped as the MessageX consumer's:
+  ``basic.ack`` with ``multiple`` per 50 or 2 ms), the channels spread over at most 100
+  connections (one each for 10 queues, ten each for 1,000: RabbitMQ's socket limit here is
+  832), published by the same number of publishers in batches of 100 spanning the queues,
+  each batch's 100 confirms awaited together.
 
 Everything runs against the harness's broker; the queues are deleted at the end.
 """
@@ -73,6 +75,9 @@ BUSY_COUNT = (50_000, 1_000)
 BUSY_ACK_GROUP = 50
 #: messages per publish batch, both brokers
 BUSY_BATCH = 100
+#: RabbitMQ's busy consumers share at most this many connections (a channel each): the
+#: VM's RabbitMQ takes at most 832 sockets (its file-descriptor limit, 927)
+RABBIT_BUSY_CONNECTIONS = 100
 #: requests or handshakes in flight while setting up
 SETUP_CONCURRENCY = 32
 
@@ -447,12 +452,15 @@ class Scale:
             admin = await rabbit.connect()
             sink = Sink(count)
             since = time.monotonic()
+            k = min(n_queues, RABBIT_BUSY_CONNECTIONS)
+            conns = await bounded(range(k), lambda _: rabbit.connect(), 16)
 
-            async def consumer(queue: str) -> Any:  # declares its queue
-                return await rabbit.consumer(queue, 100, sink, BUSY_ACK_GROUP)
+            async def consumer(i: int) -> Any:  # declares its queue
+                queue, conn = queues[i], conns[i % k]
+                return await rabbit.consumer(queue, 100, sink, BUSY_ACK_GROUP, conn)
 
-            channels = await bounded(queues, consumer, 16)
-            self.step(f"{n_queues} queues declared, a consumer and connection each", since)
+            channels = await bounded(range(n_queues), consumer, 16)
+            self.step(f"{n_queues} queues declared, a consumer (channel) each, {k} conns", since)
             meters = self.run.rabbit_meters()
             meters.start()
             started = now_ns()
