@@ -33,8 +33,9 @@ import random
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -407,22 +408,38 @@ class Scale:
             asyncio.create_task(self.mx.ws_consumer(ws, sink, BUSY_ACK_GROUP)) for ws in sockets
         ]
         try:
-            meters = self.meters()
-            meters.start()
-            started = now_ns()
-            publishers = [
-                asyncio.create_task(self._publish_spread(queues, seqs))
-                for seqs in shares(count, self.run.cfg.publishers)
-            ]
-            status = await race(sink.done, [*tasks, *publishers], self.run.cfg.deadline)
-            meters.stop()
-            result = throughput_result("scale", name, params, sink, started, status)
-            result.cpu_s_per_1k = meters.per_1k(sink.received)
-            return result
+            publish = partial(self._publish_spread, queues)
+            return await self._busy_load(self.meters(), name, params, sink, tasks, publish)
         finally:
             await cancel_all(tasks)
             await bounded(sockets, WsClient.close)
             await self.delete(queues)
+
+    async def _busy_load(
+        self,
+        meters: Meters,
+        name: str,
+        params: dict[str, Any],
+        sink: Sink,
+        consumers: list[asyncio.Task[Any]],
+        publish: Callable[[range], Coroutine[Any, Any, None]],
+    ) -> Result:
+        """The run's publishers, each ``publish(seqs)`` of its share, until ``sink`` has
+        every message (or a consumer or publisher fails, or the deadline): the result."""
+        meters.start()
+        started = now_ns()
+        publishers = [
+            asyncio.create_task(publish(seqs))
+            for seqs in shares(sink.expected, self.run.cfg.publishers)
+        ]
+        try:
+            status = await race(sink.done, [*consumers, *publishers], self.run.cfg.deadline)
+        finally:
+            meters.stop()
+            await cancel_all(publishers)
+        result = throughput_result("scale", name, params, sink, started, status)
+        result.cpu_s_per_1k = meters.per_1k(sink.received)
+        return result
 
     async def _publish_spread(self, queues: Sequence[str], seqs: range) -> None:
         """Batches of 100, message i to queue i mod N (each batch spans many queues)."""
@@ -446,7 +463,6 @@ class Scale:
         name = f"scale busy rabbitmq queues={n_queues}"
         params = {"queues": n_queues, "messages": count, "prefetch": 100, "publish": "batch"}
         rabbit = Rabbit(self.run.cfg.rabbitmq_url)
-        tasks: list[asyncio.Task[Any]] = []
         channels: list[Any] = []
         try:
             admin = await rabbit.connect()
@@ -461,20 +477,10 @@ class Scale:
 
             channels = await bounded(range(n_queues), consumer, 16)
             self.step(f"{n_queues} queues declared, a consumer (channel) each, {k} conns", since)
+            publish = partial(_rabbit_publish_spread, admin, queues)
             meters = self.run.rabbit_meters()
-            meters.start()
-            started = now_ns()
-            tasks = [
-                asyncio.create_task(_rabbit_publish_spread(admin, queues, seqs))
-                for seqs in shares(count, self.run.cfg.publishers)
-            ]
-            status = await race(sink.done, tasks, self.run.cfg.deadline)
-            meters.stop()
-            result = throughput_result("scale", name, params, sink, started, status)
-            result.cpu_s_per_1k = meters.per_1k(sink.received)
-            return result
+            return await self._busy_load(meters, name, params, sink, [], publish)
         finally:
-            await cancel_all(tasks)
             await rabbit.settle(channels)
             if rabbit.connections:
                 admin = rabbit.connections[0]

@@ -69,12 +69,33 @@ class AckFrame(_Frame):
         return [self.delivery_tag]
 
 
-class PlainAck:
+class _Plain:
+    """What the plain-ACK shortcut makes (``parse``): equal to the AckFrame the models make
+    of the same frame (the same tags in the same form, no id), so that the shortcut's result
+    and the models' compare as the same (app.api.shortcut). It answers what the connection
+    asks of an AckFrame; it carries no ``id``, so no ``ACKED`` is owed."""
+
+    __slots__ = ()
+    delivery_tag: str | None
+    delivery_tags: list[str] | None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AckFrame) and other.id is not None:
+            return False
+        if isinstance(other, _Plain | AckFrame):
+            mine = (self.delivery_tag, self.delivery_tags)
+            return (other.delivery_tag, other.delivery_tags) == mine
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a model, which is unhashable too
+
+
+class PlainAck(_Plain):
     """``{"type": "ACK", "delivery_tag": "..."}`` and nothing else: what a consumer that acks
-    every delivery sends per message, read without the models (``parse``). It answers what
-    the connection asks of an AckFrame; it carries no ``id``, so no ``ACKED`` is owed."""
+    every delivery sends per message."""
 
     __slots__ = ("delivery_tag",)
+    delivery_tag: str
     delivery_tags: None = None
 
     def __init__(self, delivery_tag: str) -> None:
@@ -84,28 +105,14 @@ class PlainAck:
     def tags(self) -> list[str]:
         return [self.delivery_tag]
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to the AckFrame the models make of the same frame (one tag, no id), so
-        that the shortcut's result and the models' compare as the same (app.api.shortcut)."""
-        if isinstance(other, PlainAck):
-            return other.delivery_tag == self.delivery_tag
-        if isinstance(other, AckFrame):
-            return (
-                other.id is None
-                and other.delivery_tags is None
-                and other.delivery_tag == self.delivery_tag
-            )
-        return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # equal to a model, which is unhashable too
-
-
-class PlainAcks:
+class PlainAcks(_Plain):
     """``{"type": "ACK", "delivery_tags": ["...", ...]}`` and nothing else: what a consumer
-    that acks in groups sends, read without the models (``parse``), as PlainAck."""
+    that acks in groups sends."""
 
     __slots__ = ("delivery_tags",)
     delivery_tag: None = None
+    delivery_tags: list[str]
 
     def __init__(self, delivery_tags: list[str]) -> None:
         self.delivery_tags = delivery_tags
@@ -113,20 +120,6 @@ class PlainAcks:
     @property
     def tags(self) -> list[str]:
         return self.delivery_tags
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to the AckFrame the models make of the same frame (as PlainAck's)."""
-        if isinstance(other, PlainAcks):
-            return other.delivery_tags == self.delivery_tags
-        if isinstance(other, AckFrame):
-            return (
-                other.id is None
-                and other.delivery_tag is None
-                and other.delivery_tags == self.delivery_tags
-            )
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # equal to a model, which is unhashable too
 
 
 Ack = AckFrame | PlainAck | PlainAcks
