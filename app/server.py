@@ -448,6 +448,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             or conn.extensions
             or conn.writes
             or not self.writable.is_set()
+            or self.transport.is_closing()
             or not self.handshake_complete
             or self.initial_response is not None
         ):
