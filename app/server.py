@@ -29,6 +29,11 @@ from websockets.frames import Frame
 from websockets.http11 import Request
 from websockets.protocol import State
 
+try:  # websockets' C unmasking, as its own parser uses; the pure-Python one without it
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
+
 from app import runtime, serverext
 from app.config import Settings
 from app.serverext import ABORT, RECEIVE_MANY, SEND_MANY, WRITE_BUFFER
@@ -85,6 +90,38 @@ def text_frame_header(length: int) -> bytes:
     if length < 65536:
         return struct.pack("!BBH", 0x81, 126, length)
     return struct.pack("!BBQ", 0x81, 127, length)
+
+
+def plain_texts(data: bytes, max_size: int | None) -> list[str] | None:
+    """The texts of ``data`` when it is nothing but whole, final, masked, uncompressed text
+    frames of valid UTF-8, each of at most ``max_size`` bytes and 65,535 (a client's ACKs
+    and PINGs); else None, and nothing is taken from it (websockets' parser reads it)."""
+    texts: list[str] = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if end - pos < 6 or data[pos] != 0x81:  # FIN, no RSV bits, opcode text
+            return None
+        length = data[pos + 1]
+        if length < 0x80:  # not masked: websockets' parser closes with 1002
+            return None
+        length &= 0x7F
+        if length < 126:
+            start = pos + 6
+        elif length == 126 and end - pos >= 8:
+            length = (data[pos + 2] << 8) | data[pos + 3]
+            start = pos + 8
+        else:
+            return None
+        stop = start + length
+        if stop > end or (max_size is not None and length > max_size):
+            return None
+        try:
+            texts.append(apply_mask(data[start:stop], data[start - 4 : start]).decode())
+        except UnicodeDecodeError:  # websockets' path closes with 1007
+            return None
+        pos = stop
+    return texts
 
 
 #: the keep-alive wheel's slot width, s (at most a quarter of the interval and of the timeout)
@@ -197,11 +234,21 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
       compression the frames are framed here (``text_frame_header``): websockets' own framing
       cost 2.1 µs per frame, this 0.3. Flow control is uvicorn's: the send waits while the
       transport is paused for writing.
+      And ``send_now([utf8_bytes, ...])``, for a few small frames (the app keeps them
+      small: ``SEND_NOW_MAX_BYTES`` in app/api/ws/connection.py): written at once, without
+      waiting, when the socket is open, uncompressed and writable; False (nothing written)
+      otherwise, and the caller sends them with ``send_many``. A consumer that gets one
+      delivery at a time (many busy queues, docs/performance.md) then costs no wake-up of
+      its send task per frame.
     - ``RECEIVE_MANY``: the text frames of one socket read reach the app as one
       ``{"type": RECEIVE_MANY, "texts": [str, ...]}`` (a single one as a plain
       ``websocket.receive``), in order with everything else: any other event (a binary
-      frame, a close) first hands over the texts before it. Reading pauses until the app
-      takes them, as uvicorn pauses after every message.
+      frame, a close) first hands over the texts before it. A read of nothing but whole,
+      small, masked text frames (``plain_texts``), with no partial frame or fragmented
+      message before it, is unmasked and decoded here without websockets' parser (its
+      generator, frame objects and events cost more than the rest of the read); any other
+      read goes through the parser. Reading pauses until the app takes them, as uvicorn
+      pauses after every message.
     - ``ABORT``: ``abort()`` drops the TCP connection at once, discarding unsent data. For a
       peer that stopped reading: a graceful close (the app returning, or ``websocket.close``)
       waits for the write buffer to drain, which never happens, so the socket would stay open
@@ -229,7 +276,9 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:
             extensions: dict[str, object] = scope["extensions"]
-            extensions[SEND_MANY] = serverext.SendMany(send_many=self.send_many)
+            extensions[SEND_MANY] = serverext.SendMany(
+                send_many=self.send_many, send_now=self.send_now
+            )
             extensions[RECEIVE_MANY] = serverext.ReceiveMany(receive=self.receive)
             extensions[ABORT] = serverext.Abort(abort=self.abort)
             extensions[WRITE_BUFFER] = serverext.WriteBuffer(size=self.write_buffer_size)
@@ -246,6 +295,19 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard_at = self.loop.time()
+        conn = self.conn
+        if (
+            conn.state is State.OPEN
+            and self._texts is None
+            and not self.close_sent
+            and not conn.extensions
+            and conn.current_size is None  # no fragmented message under way
+            and not conn.reader.buffer  # no partial frame held by the parser
+        ):
+            texts = plain_texts(data, conn.max_message_size)
+            if texts:
+                self._hand(texts)
+                return
         super().data_received(data)
 
     def start_keepalive(self) -> None:
@@ -335,6 +397,11 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         if not texts:
             return
         self._texts = []
+        self._hand(texts)
+
+    def _hand(self, texts: list[str]) -> None:
+        """Queue ``texts`` for the app and pause reading until it takes them (uvicorn's
+        ``receive`` resumes it)."""
         if len(texts) == 1:
             self.queue.put_nowait({"type": "websocket.receive", "text": texts[0]})
         else:
@@ -369,6 +436,33 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             # timeout covers a peer that stopped reading even when this was the last send
             # (otherwise nothing would wait, and nothing would time out).
             await self.writable.wait()
+
+    def send_now(self, frames: list[bytes]) -> bool:
+        """Write ``frames`` at once if the socket is open, uncompressed, writable and has
+        nothing of the protocol's to send first; else False, and nothing is written."""
+        conn = self.conn
+        if (
+            conn.state is not State.OPEN
+            or self.close_sent
+            or self.disconnected
+            or conn.extensions
+            or conn.writes
+            or not self.writable.is_set()
+            or self.transport.is_closing()
+            or not self.handshake_complete
+            or self.initial_response is not None
+        ):
+            return False
+        if len(frames) == 1:
+            data = frames[0]
+            self.transport.write(text_frame_header(len(data)) + data)
+        else:
+            out: list[bytes] = []
+            for data in frames:
+                out.append(text_frame_header(len(data)))
+                out.append(data)
+            self.transport.write(b"".join(out))
+        return True
 
 
 class CoalescingTransport:

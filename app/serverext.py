@@ -9,6 +9,9 @@ needs neither Starlette's private attributes nor the server object:
 - ``SEND_MANY``: ``send_many(frames)`` sends several encoded text frames (UTF-8 bytes) with
   one socket write, after waiting while the transport is paused for writing; and when that
   write pauses it, waits again before it returns (so the caller's timeout covers it).
+  ``send_now(frames)`` writes a few small ones at once, without waiting, and returns True;
+  or False, writing nothing, when they must go through ``send_many`` (the socket is not
+  open, is compressed, is paused for writing, or the protocol has bytes of its own to send).
 - ``RECEIVE_MANY``: ``receive()`` is the connection's ASGI receive, on which the text frames
   of one socket read arrive as one ``{"type": RECEIVE_MANY, "texts": [str, ...]}`` (a single
   one as a plain ``websocket.receive``), in order with every other event.
@@ -32,6 +35,7 @@ WRITE_BUFFER = "messagex.websocket.write_buffer"
 
 class SendMany(TypedDict):
     send_many: Callable[[list[bytes]], Awaitable[None]]
+    send_now: Callable[[list[bytes]], bool]
 
 
 class ReceiveMany(TypedDict):
@@ -54,6 +58,11 @@ def _get(scope: Mapping[str, Any], name: str) -> Any:
 def send_many(scope: Mapping[str, Any]) -> Callable[[list[bytes]], Awaitable[None]] | None:
     found = _get(scope, SEND_MANY)
     return None if found is None else cast(SendMany, found)["send_many"]
+
+
+def send_now(scope: Mapping[str, Any]) -> Callable[[list[bytes]], bool] | None:
+    found = _get(scope, SEND_MANY)
+    return None if found is None else cast(SendMany, found).get("send_now")
 
 
 def receive_many(scope: Mapping[str, Any]) -> Callable[[], Awaitable[Any]] | None:

@@ -88,11 +88,18 @@ class Rabbit:
             await channel.close()
 
     async def consumer(
-        self, queue: str, prefetch: int, sink: Sink, ack_group: int | None = None
+        self,
+        queue: str,
+        prefetch: int,
+        sink: Sink,
+        ack_group: int | None = None,
+        conn: Any | None = None,
     ) -> Any:
         """A consumer that acks every message, one ``basic.ack`` each or, with ``ack_group``,
-        one ``basic.ack`` with ``multiple`` per group (AckBatcher); returns its channel."""
-        conn = await self.connect()
+        one ``basic.ack`` with ``multiple`` per group (AckBatcher); returns its channel. On a
+        connection of its own, or on a channel of its own on ``conn``."""
+        if conn is None:
+            conn = await self.connect()
         channel = await conn.channel()
         await channel.set_qos(prefetch_count=prefetch)
         q = await channel.declare_queue(queue, durable=True)

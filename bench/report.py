@@ -168,7 +168,8 @@ def _scale_row(r: Result) -> str:
     return (
         f"{r.name:<44} {r.status:<10} {r.messages:>6} {_fmt(lat.get('p50'), '.2f'):>8} "
         f"{_fmt(lat.get('p99'), '.2f'):>8} {_fmt(p50_ratio, '.2f'):>7} "
-        f"{_fmt(p99_ratio, '.2f'):>7} {_fmt(r.elapsed_s, '.1f'):>8}"
+        f"{_fmt(p99_ratio, '.2f'):>7} {_fmt(r.elapsed_s, '.1f'):>8} {_fmt(r.rate, '.0f'):>8} "
+        f"{_fmt(r.extra.get('busy_ratio'), '.3f'):>7}"
     )
 
 
@@ -229,7 +230,7 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
         (
             "scale",
             f"{'scale (issue 19)':<44} {'status':<10} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} "
-            f"{'p50/10':>7} {'p99/10':>7} {'total s':>8}",
+            f"{'p50/10':>7} {'p99/10':>7} {'total s':>8} {'msg/s':>8} {'busy/10':>7}",
             _scale_row,
         ),
         (

@@ -12,7 +12,14 @@ subscriptions, delayed messages falling due, many busy queues.
   and how late each arrives after its due time (publish time + delay, as the client sees it,
   so lateness is over-stated by the publish's own latency, never under-stated).
 - ``scale busy queues=N``: the same load (batch publishes, prefetch 100, one consumer each)
-  over 1,000 queues and over 10: total throughput.
+  over 1,000 queues and over 10: total throughput, and on the 1,000-queue row its ratio to
+  the 10-queue one (``extra.busy_ratio``).
+- ``scale busy rabbitmq queues=N``: its peer on RabbitMQ: the same messages, one consumer per
+  queue on a channel of its own (prefetch 100, acks grouped as the MessageX consumer's:
+  ``basic.ack`` with ``multiple`` per 50 or 2 ms), the channels spread over at most 100
+  connections (one each for 10 queues, ten each for 1,000: RabbitMQ's socket limit here is
+  832), published by the same number of publishers in batches of 100 spanning the queues,
+  each batch's 100 confirms awaited together.
 
 Everything runs against the harness's broker; the queues are deleted at the end.
 """
@@ -26,8 +33,9 @@ import random
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -37,6 +45,7 @@ import psutil
 from app.runtime import raise_open_files_limit
 from bench.infra import BrokerProcess, Meters, PostgresSampler
 from bench.mx import EXCHANGE, Mx, RawHttp
+from bench.rabbit import Rabbit
 from bench.stats import (
     BenchError,
     Result,
@@ -63,6 +72,13 @@ DELAYED = ((20_000, 120.0), (400, 4.0))
 DELAYED_QUEUES = (1_000, 20)
 BUSY_QUEUES = ((1_000, 10), (20, 2))
 BUSY_COUNT = (50_000, 1_000)
+#: a busy consumer acks in groups of this many (or after 2 ms, AckBatcher), both brokers
+BUSY_ACK_GROUP = 50
+#: messages per publish batch, both brokers
+BUSY_BATCH = 100
+#: RabbitMQ's busy consumers share at most this many connections (a channel each): the
+#: VM's RabbitMQ takes at most 832 sockets (its file-descriptor limit, 927)
+RABBIT_BUSY_CONNECTIONS = 100
 #: requests or handshakes in flight while setting up
 SETUP_CONCURRENCY = 32
 
@@ -373,8 +389,12 @@ class Scale:
 
     # -- many busy queues ------------------------------------------------------------------
 
+    def busy_count(self) -> int:
+        """Messages per busy scenario: ``MX_BENCH_BUSY_COUNT``, or 50,000 (smoke 1,000)."""
+        return int(os.environ.get("MX_BENCH_BUSY_COUNT", self.pick(BUSY_COUNT)))
+
     async def busy(self, n_queues: int) -> Result:
-        count = self.pick(BUSY_COUNT)
+        count = self.busy_count()
         queues = [f"scale-busy{n_queues}-{i}" for i in range(n_queues)]
         name = f"scale busy queues={n_queues}"
         params = {"queues": n_queues, "messages": count, "prefetch": 100, "publish": "batch"}
@@ -384,30 +404,48 @@ class Scale:
             await self.mx.call("POST", "/bindings", binding)
         sockets = await self.open_subscribers(queues, n_queues, 100)
         sink = Sink(count)
-        tasks = [asyncio.create_task(self.mx.ws_consumer(ws, sink, 50)) for ws in sockets]
+        tasks = [
+            asyncio.create_task(self.mx.ws_consumer(ws, sink, BUSY_ACK_GROUP)) for ws in sockets
+        ]
         try:
-            meters = self.meters()
-            meters.start()
-            started = now_ns()
-            publishers = [
-                asyncio.create_task(self._publish_spread(queues, seqs))
-                for seqs in shares(count, self.run.cfg.publishers)
-            ]
-            status = await race(sink.done, [*tasks, *publishers], self.run.cfg.deadline)
-            meters.stop()
-            result = throughput_result("scale", name, params, sink, started, status)
-            result.cpu_s_per_1k = meters.per_1k(sink.received)
-            return result
+            publish = partial(self._publish_spread, queues)
+            return await self._busy_load(self.meters(), name, params, sink, tasks, publish)
         finally:
             await cancel_all(tasks)
             await bounded(sockets, WsClient.close)
             await self.delete(queues)
 
+    async def _busy_load(
+        self,
+        meters: Meters,
+        name: str,
+        params: dict[str, Any],
+        sink: Sink,
+        consumers: list[asyncio.Task[Any]],
+        publish: Callable[[range], Coroutine[Any, Any, None]],
+    ) -> Result:
+        """The run's publishers, each ``publish(seqs)`` of its share, until ``sink`` has
+        every message (or a consumer or publisher fails, or the deadline): the result."""
+        meters.start()
+        started = now_ns()
+        publishers = [
+            asyncio.create_task(publish(seqs))
+            for seqs in shares(sink.expected, self.run.cfg.publishers)
+        ]
+        try:
+            status = await race(sink.done, [*consumers, *publishers], self.run.cfg.deadline)
+        finally:
+            meters.stop()
+            await cancel_all(publishers)
+        result = throughput_result("scale", name, params, sink, started, status)
+        result.cpu_s_per_1k = meters.per_1k(sink.received)
+        return result
+
     async def _publish_spread(self, queues: Sequence[str], seqs: range) -> None:
         """Batches of 100, message i to queue i mod N (each batch spans many queues)."""
         http = await RawHttp.open(self.mx.port)
         try:
-            for chunk in chunks(seqs, 100):
+            for chunk in chunks(seqs, BUSY_BATCH):
                 items = b",".join(
                     b'{"routing_key":"%s","body":%s}'
                     % (queues[seq % len(queues)].encode(), make_body(seq))
@@ -417,6 +455,76 @@ class Scale:
                 await http.send(self.mx.post(f"/exchanges/{EXCHANGE}/publish-batch", body))
         finally:
             http.close()
+
+    async def rabbit_busy(self, n_queues: int) -> Result:
+        """``busy`` on RabbitMQ: durable queues, persistent messages, publisher confirms."""
+        count = self.busy_count()
+        queues = [f"scale-rmq-busy{n_queues}-{i}" for i in range(n_queues)]
+        name = f"scale busy rabbitmq queues={n_queues}"
+        params = {"queues": n_queues, "messages": count, "prefetch": 100, "publish": "batch"}
+        rabbit = Rabbit(self.run.cfg.rabbitmq_url)
+        channels: list[Any] = []
+        try:
+            admin = await rabbit.connect()
+            sink = Sink(count)
+            since = time.monotonic()
+            k = min(n_queues, RABBIT_BUSY_CONNECTIONS)
+            conns = await bounded(range(k), lambda _: rabbit.connect(), 16)
+
+            async def consumer(i: int) -> Any:  # declares its queue
+                queue, conn = queues[i], conns[i % k]
+                return await rabbit.consumer(queue, 100, sink, BUSY_ACK_GROUP, conn)
+
+            channels = await bounded(range(n_queues), consumer, 16)
+            self.step(f"{n_queues} queues declared, a consumer (channel) each, {k} conns", since)
+            publish = partial(_rabbit_publish_spread, admin, queues)
+            meters = self.run.rabbit_meters()
+            return await self._busy_load(meters, name, params, sink, [], publish)
+        finally:
+            await rabbit.settle(channels)
+            if rabbit.connections:
+                admin = rabbit.connections[0]
+                for q in queues:
+                    await rabbit.delete(admin, q)
+            await rabbit.close()
+
+
+async def _rabbit_publish_spread(conn: Any, queues: Sequence[str], seqs: range) -> None:
+    """``Scale._publish_spread`` over AMQP: a channel with publisher confirms; batches of
+    100, message i to queue i mod N through the default exchange, each batch's confirms
+    awaited together (AMQP has no batch publish: 100 ``basic.publish`` in one go)."""
+    import aio_pika
+
+    channel = await conn.channel(publisher_confirms=True)
+    exchange = channel.default_exchange
+    persistent = aio_pika.DeliveryMode.PERSISTENT
+    try:
+        for chunk in chunks(seqs, BUSY_BATCH):
+            await asyncio.gather(
+                *(
+                    exchange.publish(
+                        aio_pika.Message(make_body(seq), delivery_mode=persistent),
+                        routing_key=queues[seq % len(queues)],
+                    )
+                    for seq in chunk
+                )
+            )
+    finally:
+        await channel.close()
+
+
+def busy_ratios(results: Sequence[Result]) -> None:
+    """On each busy row of many queues: its rate over that of the fewest queues of the same
+    broker and round (``extra.busy_ratio``, 1.0 on the base row)."""
+    series: dict[tuple[bool, Any], list[Result]] = {}
+    for r in results:
+        if r.name.startswith("scale busy ") and r.status == "ok" and r.rate:
+            key = ("rabbitmq" in r.name, r.extra.get("round"))
+            series.setdefault(key, []).append(r)
+    for group in series.values():
+        base = min(group, key=lambda r: r.params["queues"])
+        for r in group:
+            r.extra["busy_ratio"] = round((r.rate or 0.0) / (base.rate or 1.0), 3)
 
 
 def _sum(a: float | None, b: float | None) -> float | None:
@@ -499,3 +607,8 @@ async def scenarios(scale: Scale) -> None:
     await run.scenario("scale", f"scale delayed messages={count} over={over:g}s", scale.delayed())
     for n in scale.pick(BUSY_QUEUES):
         await run.scenario("scale", f"scale busy queues={n}", scale.busy(n))
+    if not run.rabbit_skipped:
+        for n in scale.pick(BUSY_QUEUES):
+            work = scale.rabbit_busy(n)
+            await run.scenario("scale", f"scale busy rabbitmq queues={n}", work)
+    busy_ratios(run.results)

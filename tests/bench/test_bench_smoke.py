@@ -175,6 +175,8 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         ratio = scale[name]["extra"]["p50_ratio_to_10"]
         assert ratio == 1.0 if name.endswith("=10") else ratio > 0, (name, ratio)
     assert scale["mx declare queues=200"]["elapsed_s"] > 0
+    assert scale["scale busy queues=2"]["extra"]["busy_ratio"] == 1.0
+    assert scale["scale busy queues=20"]["extra"]["busy_ratio"] > 0
     spent = scale["scale idle ws connections=200 queues=200"]["extra"]["idle_cpu_seconds"]
     assert spent["broker"] > 0, spent
     assert spent["postgres_backends"] is not None, spent

@@ -214,3 +214,138 @@ def test_double_and_foreign_acks_are_unknown_delivery_tag(
         assert {r["code"] for r in replies} == {"unknown_delivery_tag"}
     final = {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0, "consumers": 0}
     wait_for(lambda: admin.get("/queues/acks").json()["stats"] == final, 5)
+
+
+# -- the server's fast path for plain text frames (app/server.py, ``plain_texts``) and what it
+# leaves to websockets' parser: each read below is built so that the fast path must give it up
+
+
+def _frame(
+    opcode: int,
+    payload: bytes,
+    *,
+    fin: bool = True,
+    masked: bool = True,
+    mask: bytes = b"\x01\x02\x03\x04",
+) -> bytes:
+    """One client frame, final or not, masked or not (``_masked`` makes final masked ones)."""
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    flag = 0x80 if masked else 0
+    if n < 126:
+        head += bytes([flag | n])
+    else:
+        head += bytes([flag | 126]) + n.to_bytes(2, "big")
+    if not masked:
+        return head + payload
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def _ping(frame_id: str, pad: int = 0) -> bytes:
+    """A PING text frame's payload, padded with JSON whitespace to a length of choice."""
+    return json.dumps({"type": "PING", "id": frame_id}).encode() + b" " * pad
+
+
+def pong_ids(ws: WsClient, n: int) -> list[str]:
+    return [ws.expect("PONG")["id"] for _ in range(n)]
+
+
+def test_a_frame_split_over_two_reads_is_read_whole(server: LiveServer, no_crash: Any) -> None:
+    """The first read ends inside a frame: the parser holds its start, so the next read (the
+    rest, then a whole frame) is the parser's too; then plain reads take the fast path.
+
+    The rest of "b" is made to look like a whole frame of its own (an empty masked text
+    frame: its payload's last 6 bytes are spaces, masked to 81 80 20 20 81 80), so a
+    server that read it as the start of a frame would answer it with an ERROR."""
+    with WsClient.admin(server.ws_url) as ws:
+        payload = _ping("b").ljust(28) + b" " * 6  # "b" padded to 28, then the 6 bytes
+        split = _frame(1, payload, mask=b"\xa1\xa0\x00\x00")
+        assert split[-6:] == b"\x81\x80\x20\x20\x81\x80"
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + split[:-6])
+        assert pong_ids(ws, 1) == ["a"]  # the server has read the start of "b"
+        ws.ws.socket.sendall(split[-6:] + _masked(1, _ping("c")))
+        replies = [ws.recv_json() for _ in range(2)]
+        assert [(f["type"], f.get("id")) for f in replies] == [("PONG", "b"), ("PONG", "c")]
+        long = _masked(1, _ping("e", 200))  # 16-bit length
+        ws.ws.socket.sendall(_masked(1, _ping("d")) + long)
+        assert pong_ids(ws, 2) == ["d", "e"]
+    alive(server)
+
+
+def test_a_text_frame_inside_a_fragmented_message_closes_1002(
+    server: LiveServer, no_crash: Any
+) -> None:
+    """A message's first fragment, then (in the next read) a whole text frame where a
+    continuation is due: a protocol error, which only the parser knows of."""
+    with WsClient.admin(server.ws_url) as ws:
+        first = _frame(1, _ping("x")[:10], fin=False)
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + first)
+        assert pong_ids(ws, 1) == ["a"]  # the server has read the fragment
+        ws.ws.socket.sendall(_masked(1, _ping("b")))
+        code, frames = ws.expect_close()
+        assert code == 1002
+        assert not frames, frames
+    alive(server)
+
+
+def test_a_fragmented_message_with_a_ping_between_its_fragments(
+    server: LiveServer, no_crash: Any
+) -> None:
+    """A text message in two fragments, a control frame (a WebSocket ping) between them, over
+    two reads: the second read starts inside a message, so the parser takes it."""
+    with WsClient.admin(server.ws_url) as ws:
+        payload = _ping("frag")
+        first = _frame(1, payload[:10], fin=False)
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + first + _frame(9, b"hi"))
+        assert pong_ids(ws, 1) == ["a"]
+        ws.ws.socket.sendall(_frame(0, payload[10:]) + _masked(1, _ping("b")))
+        assert pong_ids(ws, 2) == ["frag", "b"]
+    alive(server)
+
+
+def test_a_control_frame_among_text_frames_is_answered_in_place(
+    server: LiveServer, no_crash: Any
+) -> None:
+    with WsClient.admin(server.ws_url) as ws:
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + _frame(9, b"hi") + _masked(1, _ping("b")))
+        assert pong_ids(ws, 2) == ["a", "b"]
+        assert ws.request({"type": "PING"})["type"] == "PONG"
+    alive(server)
+
+
+def test_an_unmasked_frame_closes_1002(server: LiveServer, no_crash: Any) -> None:
+    with WsClient.admin(server.ws_url) as ws:
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + _frame(1, _ping("b"), masked=False))
+        code, frames = ws.expect_close()
+        assert code == 1002
+        assert [f.get("id") for f in frames if f["type"] == "PONG"] in ([], ["a"])
+    alive(server)
+
+
+def test_a_close_frame_after_text_frames_in_one_read(server: LiveServer, no_crash: Any) -> None:
+    """The texts before the close reach the app; the close is echoed."""
+    with WsClient.admin(server.ws_url) as ws:
+        close = _frame(8, (1000).to_bytes(2, "big") + b"bye")
+        ws.ws.socket.sendall(_masked(1, _ping("a")) + close)
+        code, _ = ws.expect_close()
+        assert code == 1000
+    alive(server)
+
+
+def test_frames_with_reserved_bits_or_a_64_bit_length_take_the_parser(
+    server: LiveServer, no_crash: Any
+) -> None:
+    """An RSV1 bit without compression closes 1002 (the parser's rule); a 64-bit length
+    for a small payload is read as usual."""
+    with WsClient.admin(server.ws_url) as ws:
+        payload = _ping("long")
+        mask = b"\x00\x00\x00\x00"
+        head = bytes([0x81, 0x80 | 127]) + len(payload).to_bytes(8, "big") + mask
+        ws.ws.socket.sendall(head + payload)
+        assert pong_ids(ws, 1) == ["long"]
+        rsv1 = bytearray(_masked(1, _ping("x")))
+        rsv1[0] |= 0x40
+        ws.ws.socket.sendall(bytes(rsv1))
+        code, _ = ws.expect_close()
+        assert code == 1002
+    alive(server)

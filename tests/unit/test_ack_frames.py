@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.api.schemas.common import MAX_TAG
+from app.api.schemas.common import MAX_ACK_TAGS, MAX_TAG
 from app.api.ws import frames
 from app.errors import BadFrame
 
@@ -37,17 +37,31 @@ def outcome(
         frame, frame_id = parse(text)
     except BadFrame as exc:
         return str(exc)
-    if isinstance(frame, frames.AckFrame | frames.PlainAck):
+    if isinstance(frame, frames.AckFrame | frames.PlainAck | frames.PlainAcks):
         return frame.tags, frame_id
     return type(frame).__name__
 
 
 @st.composite
-def ack_frames(draw: st.DrawFn) -> str:
+def tag_json(draw: st.DrawFn) -> str:
     tag = draw(tag_text)
     escaped = draw(st.booleans())
-    tag_json = json.dumps(tag, ensure_ascii=escaped) if draw(st.booleans()) else f'"{tag}"'
-    keys = [f'"type"{draw(blank)}:{draw(blank)}"ACK"', f'"delivery_tag"{draw(blank)}:{tag_json}']
+    return json.dumps(tag, ensure_ascii=escaped) if draw(st.booleans()) else f'"{tag}"'
+
+
+@st.composite
+def ack_frames(draw: st.DrawFn) -> str:
+    """An ACK of one tag (``delivery_tag``) or of a list (``delivery_tags``: empty, one,
+    several, or one more than allowed), near the form a consumer sends."""
+    if draw(st.booleans()):
+        field = f'"delivery_tag"{draw(blank)}:{draw(tag_json())}'
+    else:
+        count = draw(st.sampled_from([0, 1, 2, 5, MAX_ACK_TAGS + 1]))
+        tags = [draw(tag_json()) for _ in range(min(count, 5))]
+        tags += [f'"t{i}"' for i in range(count - len(tags))]
+        inside = f"{draw(blank)},{draw(blank)}".join(tags)
+        field = f'"delivery_tags"{draw(blank)}:{draw(blank)}[{draw(blank)}{inside}{draw(blank)}]'
+    keys = [f'"type"{draw(blank)}:{draw(blank)}"ACK"', field]
     if draw(st.booleans()):
         keys.reverse()
     if draw(st.booleans()):
@@ -78,12 +92,31 @@ def test_the_plain_ack_a_consumer_sends_takes_the_shortcut(text: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        f'{{"type":"ACK","delivery_tags":["{TAG}"]}}',
+        f'{{ "type": "ACK", "delivery_tags": [ "{TAG}", "{TAG}x" ] }}\n',
+        '{"type":"ACK","delivery_tags":[' + ",".join(['"t"'] * MAX_ACK_TAGS) + "]}",
+    ],
+)
+def test_the_grouped_ack_a_consumer_sends_takes_the_shortcut(text: str) -> None:
+    frame, frame_id = frames.parse(text)
+    assert isinstance(frame, frames.PlainAcks)
+    assert frame_id is None
+    assert frame.tags == json.loads(text)["delivery_tags"]
+    assert frame == frames.parse_with_models(text)[0]
+
+
+@pytest.mark.parametrize(
     ("text", "error"),
     [
         ('{"type":"ACK","delivery_tag":""}', "at least 1 character"),
         ('{"type":"ACK","delivery_tag":"' + "x" * (MAX_TAG + 1) + '"}', "at most 128"),
         ('{"type":"ACK","delivery_tag":"a"} x', "not valid JSON"),
         ('{"type":"ACK","delivery_tag":"a\x01"}', "not valid JSON"),
+        ('{"type":"ACK","delivery_tags":[]}', "at least 1 item"),
+        ('{"type":"ACK","delivery_tags":[""]}', "at least 1 character"),
+        ('{"type":"ACK","delivery_tags":[' + ",".join(['"t"'] * 1001) + "]}", "at most 1000"),
     ],
 )
 def test_what_the_shortcut_leaves_gets_the_models_error(text: str, error: str) -> None:

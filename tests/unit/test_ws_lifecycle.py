@@ -60,7 +60,7 @@ def test_every_state_has_its_moves_and_closing_is_final() -> None:
 
 def test_every_frame_type_has_a_handler_once_open() -> None:
     union, _field = get_args(frames.Frame)
-    parsed = {*get_args(union), frames.PlainAck}
+    parsed = {*get_args(union), frames.PlainAck, frames.PlainAcks}
     assert set(handlers.HANDLERS) == parsed
     assert set(handlers.BEFORE_AUTH) == {frames.PingFrame, frames.AuthFrame}
 

@@ -62,6 +62,8 @@ EXACT_COPY_BELOW = 128 * 1024
 #: is then a peer that read less than this in that time, and the transport's buffer stays
 #: small while the outbox holds the rest
 SEND_CHUNK_BYTES = 1024 * 1024
+#: deliveries of at most this many bytes together may skip the outbox (``_sent_now``)
+SEND_NOW_MAX_BYTES = 16 * 1024
 
 
 class _Close:
@@ -99,6 +101,11 @@ class Outbox:
         self._ready.set()
         if len(self._items) > OUTBOX_SOFT_LIMIT:
             self._room.clear()
+
+    def idle(self) -> bool:
+        """Nothing queued, and the sender is not sending: a frame written past the outbox
+        now keeps its order."""
+        return not self._items and not self._sending
 
     async def wait_for_room(self) -> None:
         await self._room.wait()
@@ -201,6 +208,7 @@ class WsConnection:
         #: bytes waiting to be sent (outbox and socket) past which it is handed nothing more
         self.max_buffer = services.settings.max_connection_buffer_bytes
         self._transport_buffered = serverext.write_buffer_size(ws.scope) or _nothing
+        self._send_now = serverext.send_now(ws.scope)
         #: the size of its frames, a running average; the largest possible until some are
         #: seen, so that a first claim cannot hand it more than ``max_buffer`` bytes either
         self._frame_size = max(services.settings.max_message_bytes, 1)
@@ -226,20 +234,38 @@ class WsConnection:
     # -- Outlet (what the broker calls) -----------------------------------------------------
 
     def deliver(self, subscription: Subscription, items: Sequence[Delivery]) -> None:
+        if not items:
+            self._measure_room()
+            return
         queue = subscription.queue_name
-        outbox = self.outbox
-        before = outbox.bytes
-        for item in items:
-            # codec.render: orjson with stored bodies spliced in, or the stdlib when headers
-            # hold what orjson cannot write (an integer beyond 64 bits) — never an exception
-            # here, which would strand claimed deliveries.
-            outbox.push(render(partial(_delivered_frame, queue, item)))
-        if items:
-            if self.services.tracing is not None:
-                self.services.tracing.delivered(queue, items)
-            size = (outbox.bytes - before) // len(items)
-            self._frame_size = (self._frame_size + size) // 2 + 1
+        # codec.render: orjson with stored bodies spliced in, or the stdlib when headers hold
+        # what orjson cannot write (an integer beyond 64 bits) — never an exception here,
+        # which would strand claimed deliveries.
+        rendered = [render(partial(_delivered_frame, queue, item)) for item in items]
+        size = sum(map(len, rendered))
+        self._frame_size = (self._frame_size + size // len(items)) // 2 + 1
+        if not self._sent_now(rendered, size):
+            outbox = self.outbox
+            for frame in rendered:
+                outbox.push(frame)
+        if self.services.tracing is not None:
+            self.services.tracing.delivered(queue, items)
         self._measure_room()
+
+    def _sent_now(self, frames: list[bytes], size: int) -> bool:
+        """Write a few small frames straight to the socket when nothing is queued before
+        them and the sender is idle (a consumer that gets one delivery at a time then costs
+        no wake-up of the sender per frame); only while room stays for one more frame after
+        them, so that no resume (which the sender gives) is needed. False: queue them."""
+        send_now = self._send_now
+        return (
+            send_now is not None
+            and size <= SEND_NOW_MAX_BYTES
+            and self.outbox.idle()
+            and self.life.state is State.OPEN
+            and self.waiting() + size + self._frame_size <= self.max_buffer
+            and send_now(frames)
+        )
 
     def waiting(self) -> int:
         """Bytes waiting to be sent: the outbox's and the socket's write buffer's."""

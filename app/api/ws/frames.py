@@ -69,12 +69,33 @@ class AckFrame(_Frame):
         return [self.delivery_tag]
 
 
-class PlainAck:
+class _Plain:
+    """What the plain-ACK shortcut makes (``parse``): equal to the AckFrame the models make
+    of the same frame (the same tags in the same form, no id), so that the shortcut's result
+    and the models' compare as the same (app.api.shortcut). It answers what the connection
+    asks of an AckFrame; it carries no ``id``, so no ``ACKED`` is owed."""
+
+    __slots__ = ()
+    delivery_tag: str | None
+    delivery_tags: list[str] | None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AckFrame) and other.id is not None:
+            return False
+        if isinstance(other, _Plain | AckFrame):
+            mine = (self.delivery_tag, self.delivery_tags)
+            return (other.delivery_tag, other.delivery_tags) == mine
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a model, which is unhashable too
+
+
+class PlainAck(_Plain):
     """``{"type": "ACK", "delivery_tag": "..."}`` and nothing else: what a consumer that acks
-    every delivery sends per message, read without the models (``parse``). It answers what
-    the connection asks of an AckFrame; it carries no ``id``, so no ``ACKED`` is owed."""
+    every delivery sends per message."""
 
     __slots__ = ("delivery_tag",)
+    delivery_tag: str
     delivery_tags: None = None
 
     def __init__(self, delivery_tag: str) -> None:
@@ -84,23 +105,24 @@ class PlainAck:
     def tags(self) -> list[str]:
         return [self.delivery_tag]
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to the AckFrame the models make of the same frame (one tag, no id), so
-        that the shortcut's result and the models' compare as the same (app.api.shortcut)."""
-        if isinstance(other, PlainAck):
-            return other.delivery_tag == self.delivery_tag
-        if isinstance(other, AckFrame):
-            return (
-                other.id is None
-                and other.delivery_tags is None
-                and other.delivery_tag == self.delivery_tag
-            )
-        return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # equal to a model, which is unhashable too
+class PlainAcks(_Plain):
+    """``{"type": "ACK", "delivery_tags": ["...", ...]}`` and nothing else: what a consumer
+    that acks in groups sends."""
+
+    __slots__ = ("delivery_tags",)
+    delivery_tag: None = None
+    delivery_tags: list[str]
+
+    def __init__(self, delivery_tags: list[str]) -> None:
+        self.delivery_tags = delivery_tags
+
+    @property
+    def tags(self) -> list[str]:
+        return self.delivery_tags
 
 
-Ack = AckFrame | PlainAck
+Ack = AckFrame | PlainAck | PlainAcks
 
 
 class NackFrame(_Frame):
@@ -149,18 +171,30 @@ def frame_id_of(raw: Any) -> str | int | None:
 # A plain ACK, in any JSON whitespace; the tag is 1 to MAX_TAG characters of a JSON string
 # without escapes (so its text is its value), exactly what the models accept for it.
 _WS = r"[ \t\n\r]*"
+_TAG = rf'"([^"\\\x00-\x1f]{{1,{MAX_TAG}}})"'
 _PLAIN_ACK = re.compile(
-    rf'{_WS}\{{{_WS}"type"{_WS}:{_WS}"ACK"{_WS},{_WS}"delivery_tag"{_WS}:{_WS}'
-    rf'"([^"\\\x00-\x1f]{{1,{MAX_TAG}}})"{_WS}\}}{_WS}'
+    rf'{_WS}\{{{_WS}"type"{_WS}:{_WS}"ACK"{_WS},{_WS}"delivery_tag"{_WS}:{_WS}{_TAG}{_WS}\}}{_WS}'
 )
+#: the same with ``delivery_tags``, a list of such tags (group 1: the list's inside)
+_PLAIN_ACKS = re.compile(
+    rf'{_WS}\{{{_WS}"type"{_WS}:{_WS}"ACK"{_WS},{_WS}"delivery_tags"{_WS}:{_WS}\['
+    rf"({_WS}{_TAG}(?:{_WS},{_WS}{_TAG})*){_WS}\]{_WS}\}}{_WS}"
+)
+_TAGS = re.compile(_TAG)
 
 
-def _plain_ack(data: str | bytes) -> tuple[PlainAck, None] | None:
-    """The shortcut: a plain ACK as a PlainAck, without the models; None for anything else."""
+def _plain_ack(data: str | bytes) -> tuple[PlainAck | PlainAcks, None] | None:
+    """The shortcut: a plain ACK as a PlainAck (one tag) or PlainAcks (a list of them),
+    without the models; None for anything else."""
     if type(data) is str:
         plain = _PLAIN_ACK.fullmatch(data)
         if plain is not None:
             return PlainAck(plain.group(1)), None
+        many = _PLAIN_ACKS.fullmatch(data)
+        if many is not None:
+            tags = _TAGS.findall(many.group(1))
+            if len(tags) <= MAX_ACK_TAGS:
+                return PlainAcks(tags), None
     return None
 
 
@@ -175,10 +209,11 @@ def _frame_by_models(data: str | bytes) -> tuple[Frame, str | int | None]:
 #:
 #: The plain ACK a consumer sends per message is matched first, without the models: one
 #: regular expression instead of a JSON parse and a validation, 6.4 → 1.8 µs per frame
-#: (docs/performance.md, round 8); any other form of it, and every other frame, goes
-#: through the models.
-FRAMES: FastDecoder[str | bytes, tuple[Frame | PlainAck, str | int | None]] = FastDecoder(
-    "WebSocket frame", _plain_ack, _frame_by_models
+#: (docs/performance.md, round 8); so is the plain ACK of a list of tags that a consumer
+#: acking in groups sends; any other form of them, and every other frame, goes through the
+#: models.
+FRAMES: FastDecoder[str | bytes, tuple[Frame | PlainAck | PlainAcks, str | int | None]] = (
+    FastDecoder("WebSocket frame", _plain_ack, _frame_by_models)
 )
 parse = FRAMES.decode
 

@@ -126,6 +126,7 @@ BEFORE_AUTH: dict[type, Handler] = {
 #: once OPEN: every frame type ``frames.parse`` gives
 HANDLERS: dict[type, Handler] = {
     frames.PlainAck: ack,
+    frames.PlainAcks: ack,
     frames.AckFrame: ack,
     frames.PingFrame: ping,
     frames.AuthFrame: already_authenticated,
