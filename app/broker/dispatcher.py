@@ -36,6 +36,9 @@ MAX_CLAIM = 1000
 #: when several queues' delayed messages fall due within this long of each other, the timer
 #: waits for the last of them and claims them together: at most this late, never early
 DUE_TOGETHER = 0.02
+#: at most this many owner slots (rows it may claim) in one ``CLAIM_DUE``: the queues due
+#: beyond them go in the next statement of the same turn
+MAX_DUE_SLOTS = 5000
 #: a process with at most this many subscribed queues polls them one by one (one index probe
 #: each) rather than listing every queue with ready messages
 PROBE_MAX = 100
@@ -268,35 +271,43 @@ class Dispatcher:
             return
         again: list[int] = []
         try:
-            wants = [
-                deliveries.ClaimWant(q, [s.outlet.id for s in order], order[0].lease_seconds)
-                for q, (order, _) in taken.items()
-            ]
-            try:
-                async with self._claim_slots:
-                    found = await deliveries.claim_due(self.db.hot, wants, self.process_id)
-            except Unavailable:
-                found = {}  # the poll tries again
-            except Exception:
-                log.exception("claim of %d due queues failed", len(wants))
-                found = {}
-                again.extend(taken)  # each claims on its own
-            if found:
+            for batch in due_batches({q: len(order) for q, (order, _) in taken.items()}):
+                wants = [_want(q, taken[q][0]) for q in batch]
+                try:
+                    async with self._claim_slots:
+                        found = await deliveries.claim_due(self.db.hot, wants, self.process_id)
+                except Unavailable:
+                    continue  # the poll tries again
+                except Exception:
+                    log.exception("claim of %d due queues failed", len(wants))
+                    again.extend(batch)  # each claims on its own
+                    continue
                 self.metrics.claims.labels(via="websocket").inc()
-            for queue_id, due in found.items():
-                order, wakes = taken[queue_id]
-                self._hand_out(queue_id, order, due.claimed)
-                if len(due.claimed) < len(order):
-                    self.hub.drained(queue_id, wakes)
-                    if due.next_due is not None:
-                        self._wake_at(queue_id, due.next_due)
-                else:  # it took all it could: more may wait
-                    self.hub.drained(queue_id, None)
-                    again.append(queue_id)
+                again.extend(self._hand_out_due(taken, found))
         finally:
             again.extend(self._untake(taken, me))
         for queue_id in dict.fromkeys(again):
             self.poke(queue_id)
+
+    def _hand_out_due(
+        self,
+        taken: Mapping[int, tuple[list[Subscription], int]],
+        found: Mapping[int, deliveries.DueClaim],
+    ) -> list[int]:
+        """Hand out what ``CLAIM_DUE`` found and put each queue back on the timer; returns
+        the queues whose claim took all it could (more may wait)."""
+        again: list[int] = []
+        for queue_id, due in found.items():
+            order, wakes = taken[queue_id]
+            self._hand_out(queue_id, order, due.claimed)
+            if len(due.claimed) < len(order):
+                self.hub.drained(queue_id, wakes)
+                if due.next_due is not None:
+                    self._wake_at(queue_id, due.next_due)
+            else:  # it took all it could: more may wait
+                self.hub.drained(queue_id, None)
+                again.append(queue_id)
+        return again
 
     async def _take_for_due(
         self, queue_ids: list[int], me: asyncio.Task[None]
@@ -480,6 +491,28 @@ class Dispatcher:
             self.metrics.delivered.labels(via="websocket").inc(len(claimed))
             activity = self.metrics.activity
             activity.add(activity.delivered, queue_id, len(claimed))
+
+
+def _want(queue_id: int, order: list[Subscription]) -> deliveries.ClaimWant:
+    """A claim of ``queue_id`` for its round-robin ``order`` of subscriptions."""
+    return deliveries.ClaimWant(queue_id, [s.outlet.id for s in order], order[0].lease_seconds)
+
+
+def due_batches(slots: Mapping[int, int], limit: int = MAX_DUE_SLOTS) -> list[list[int]]:
+    """The queues of ``slots`` (queue id → owner slots) in batches of at most ``limit`` slots
+    each, in order; a queue with more than ``limit`` goes alone."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    size = 0
+    for queue_id, n in slots.items():
+        if batch and size + n > limit:
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append(queue_id)
+        size += n
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class HandOff:
