@@ -165,13 +165,10 @@ def free_port() -> int:
         return port
 
 
-@dataclass
-class LiveServer:
-    """A real uvicorn server in a thread of this process, on a loopback port."""
+class LoopbackUrls:
+    """``base_url``, ``api`` and ``ws_url`` of whatever listens on 127.0.0.1:``port``: a
+    test server, a broker process, or haproxy in front of several."""
 
-    settings: Settings
-    server: BrokerServer
-    thread: threading.Thread
     port: int
 
     @property
@@ -179,8 +176,22 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def api(self) -> str:
+        return f"{self.base_url}/api/v1"
+
+    @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/api/v1/ws"
+
+
+@dataclass
+class LiveServer(LoopbackUrls):
+    """A real uvicorn server in a thread of this process, on a loopback port."""
+
+    settings: Settings
+    server: BrokerServer
+    thread: threading.Thread
+    port: int
 
     @property
     def database_url(self) -> str:

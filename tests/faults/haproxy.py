@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.infra import free_port
-from tests.faults.loopback import LoopbackUrls
+from tests.support import LoopbackUrls
 
 HAPROXY = Path("/usr/sbin/haproxy")
 #: haproxy's health check of each broker: this often, marked down after FALL failures

@@ -36,8 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.storage.dsn import asyncpg_dsn
 from tests.faults.checker import Delivery, Ledger, QueueSpec
-from tests.faults.loopback import LoopbackUrls
-from tests.support import ADMIN_PASSWORD, ADMIN_USER, free_port
+from tests.support import ADMIN_PASSWORD, ADMIN_USER, LoopbackUrls, free_port
 from tests.wsclient import WsClient, basic
 
 MESSAGEX = Path(sys.executable).with_name("messagex")
