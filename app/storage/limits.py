@@ -149,8 +149,8 @@ DELETE FROM messages WHERE id = ANY(ARRAY(SELECT s.id FROM ({_TRIMMED}) AS s))
 # every plan of it is safe). Measured: PostgreSQL CPU per 100 copies into a full queue of
 # 1,000, 4.5 → 3.85 ms; the plain INSERT 1.85 ms (docs/performance.md).
 _HEAD_OF_OVER = queries.ready_in_claim_order(
-    "id, priority, available_at", "o.n", "FOR UPDATE SKIP LOCKED"
-).replace(":queue_id", "o.queue_id")
+    "id, priority, available_at", "o.n", "FOR UPDATE SKIP LOCKED", queue="o.queue_id"
+)
 INSERT_TRIMMING = text(f"""
 {queries.INSERT_COPIES_WITH},
 stored AS ({queries.INSERT_COPY_ROWS}),
