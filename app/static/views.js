@@ -163,6 +163,45 @@ export function expiryOf(message, queueArguments) {
   return new Date(Date.parse(message.available_at) + Math.min(...ttls)).toISOString();
 }
 
+/** The priority a copy is claimed by (contract §13): in a queue with x-max-priority the
+ * message's own, capped at that maximum, and 0 without one; null in other queues (where a
+ * priority is stored and ignored). */
+export function effectivePriority(message, queueArguments) {
+  const max = queueArguments ? queueArguments["x-max-priority"] : undefined;
+  if (!Number.isInteger(max)) return null;
+  const own = message.properties ? message.properties.priority : undefined;
+  return Math.min(Number.isInteger(own) ? own : 0, max);
+}
+
+/** A browsed copy's priority row: the one the broker claims it by, and why when that is not
+ * the message's own; null when it has none and none is used. */
+function priorityRow(m, queueArguments) {
+  const own = m.properties ? m.properties.priority : undefined;
+  if (queueArguments === undefined) return own === undefined ? null : ["Priority", String(own)];
+  const used = effectivePriority(m, queueArguments);
+  if (used === null) {
+    return own === undefined ? null : ["Priority", `${own} (ignored: the queue has no x-max-priority)`];
+  }
+  if (own === used) return ["Priority", String(used)];
+  return ["Priority", own === undefined
+    ? `${used} (none set)`
+    : `${used} (set ${own}, capped at x-max-priority ${queueArguments["x-max-priority"]})`];
+}
+
+/** A browsed copy's expiry row (contract §13). A ready copy (delayed ones too: their TTL
+ * runs from available_at) expires at expiryOf; an in-flight one never expires while it is
+ * held, but, returned to the queue after that time (NACK with requeue, ack timeout, release),
+ * it expires instead of being requeued (requeueing keeps available_at). Dead copies do not
+ * expire. */
+function expiryRow(m, queueArguments) {
+  const at = expiryOf(m, queueArguments);
+  if (at === null || m.status === "dead") return null;
+  if (m.status === "in_flight") {
+    return ["Expiry", `None while in flight; returned to the queue after ${formatTime(at)}, it expires instead of being requeued`];
+  }
+  return ["Expires", formatTime(at)];
+}
+
 /** The arguments of the queues whose page was opened (their browsed copies show expiry). */
 const queueArgumentsSeen = new Map();
 
@@ -876,11 +915,11 @@ function messageCard(m, queue, ctx, reload) {
     ["Exchange", m.exchange === "" ? "(default)" : m.exchange],
     ["Routing key", m.routing_key],
     ["Deliveries", String(m.delivery_count)],
-    m.properties && m.properties.priority !== undefined ? ["Priority", String(m.properties.priority)] : null,
+    priorityRow(m, queueArgumentsSeen.get(queue)),
     m.properties && m.properties.group_id !== undefined ? ["Group", h("code", { "aria-label": "Group id" }, m.properties.group_id)] : null,
     ["Created", formatTime(m.created_at)],
     m.available_at !== m.created_at ? ["Available", formatTime(m.available_at)] : null,
-    expiryOf(m, queueArgumentsSeen.get(queue)) ? ["Expires", formatTime(expiryOf(m, queueArgumentsSeen.get(queue)))] : null,
+    expiryRow(m, queueArgumentsSeen.get(queue)),
     Object.keys(m.headers || {}).length ? ["Headers", h("code", { "aria-label": "Headers" }, JSON.stringify(m.headers))] : null,
     Object.keys(properties).length ? ["Properties", h("code", { "aria-label": "Properties" }, JSON.stringify(properties))] : null,
   ].filter(Boolean);
@@ -923,6 +962,7 @@ export function publishView(main, params, ctx) {
   const delay = h("input", { name: "delay_ms", type: "number", min: 0, max: 604800000, value: 0, inputmode: "numeric" });
   const messageId = h("input", { name: "message_id", autocomplete: "off" });
   const priority = h("input", { name: "priority", type: "number", min: 0, max: 255, inputmode: "numeric" });
+  const expiration = h("input", { name: "expiration", type: "number", min: 0, max: 4294967295, inputmode: "numeric" });
   const groupId = h("input", { name: "group_id", maxlength: 128, autocomplete: "off" });
   const mandatory = checkbox("Mandatory (refuse when no queue matches)");
   const result = h("div", { class: "result", role: "status", "aria-live": "polite" });
@@ -960,6 +1000,7 @@ export function publishView(main, params, ctx) {
     field("Delay (ms)", delay, "0 to 604800000 (7 days)"),
     field("Message id (optional)", messageId, "Empty: the broker makes a UUID"),
     field("Priority (optional)", priority, "0–255: claim order in a queue with x-max-priority"),
+    field("Expiration (ms, optional)", expiration, "0–4294967295: time to live in each queue it reaches (the queue's x-message-ttl wins when smaller)"),
     field("Group id (optional)", groupId, "1–128 characters: one at a time, in order, in a queue with x-message-groups"),
     mandatory.el,
     h("button", { type: "submit" }, "Publish"),
@@ -978,6 +1019,9 @@ export function publishView(main, params, ctx) {
     };
     if (messageId.value.trim()) message.properties = { message_id: messageId.value.trim() };
     if (optionalInt(priority) !== null) message.properties = { ...message.properties, priority: optionalInt(priority) };
+    // a string of decimal digits, as in AMQP (contract §13); String(Number) also turns an
+    // accepted "1e3" or "007" into "1000" or "7"
+    if (optionalInt(expiration) !== null) message.properties = { ...message.properties, expiration: String(optionalInt(expiration)) };
     if (groupId.value !== "") message.properties = { ...message.properties, group_id: groupId.value };
     if (toQueue.checked) {
       message.queue = target.value;

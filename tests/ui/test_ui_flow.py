@@ -8,11 +8,11 @@ import re
 from typing import Any
 
 import httpx
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.support import ADMIN_PASSWORD, ADMIN_USER, LiveServer, login, wait_for
 from tests.ui.support import go, log_in, stat
-from tests.wsclient import WsClient
+from tests.wsclient import WsClient, browse
 
 
 def test_declare_bind_publish_browse_consume_ack(
@@ -346,6 +346,77 @@ def test_lifecycle_arguments_from_the_form_and_a_copys_expiry_on_the_queue_page(
     )
     expires = message.locator("div", has=page.get_by_text("Expires", exact=True))
     expect(expires.locator("dd")).to_have_text(shown)
+
+
+def test_publish_form_expiration_and_a_copys_priority_and_expiry_on_the_queue_page(
+    page: Page, ui_server: LiveServer, rest: httpx.Client
+) -> None:
+    """The publish form's expiration (contract §13: a string of decimal digits), and the copy
+    cards: the priority the broker claims by (capped at x-max-priority, 0 when none is set),
+    an expiry for a ready copy, and none for an in-flight one, which never expires while
+    held."""
+    r = rest.put("/queues/e2e-expiring", json={"arguments": {"x-max-priority": 2}})
+    assert r.status_code == 201, r.text
+    log_in(page, ui_server)
+    go(page, "Publish")
+    page.get_by_label("a queue (the default exchange)").check()
+    page.get_by_label("Queue", exact=True).fill("e2e-expiring")
+    expiration = page.get_by_label("Expiration (ms, optional)")
+    publish = page.get_by_role("button", name="Publish")
+    published = page.get_by_text("Published: routed to e2e-expiring")
+    # Out of range, as the priority field: the browser marks it and keeps the form.
+    expiration.fill("4294967296")
+    publish.click()
+    assert expiration.evaluate("(el) => el.validity.rangeOverflow") is True
+    expect(page.locator("input[name=expiration]:invalid")).to_have_count(1)
+    expect(published).to_have_count(0)
+    # The expiration is honoured: with 0 and no subscriber the copy expires within 1 s.
+    expiration.fill("0")
+    publish.click()
+    expect(published).to_be_visible()
+    wait_for(lambda: not browse(rest, "e2e-expiring"), message="the copy to expire")
+    # Two lasting copies: the first above the queue's maximum priority, the second with none.
+    expiration.fill("300000")
+    page.get_by_label("Priority (optional)").fill("9")
+    publish.click()
+    wait_for(lambda: len(browse(rest, "e2e-expiring")) == 1)
+    expiration.fill("600000")
+    page.get_by_label("Priority (optional)").fill("")
+    publish.click()
+    wait_for(lambda: len(browse(rest, "e2e-expiring")) == 2)
+    capped, unset = browse(rest, "e2e-expiring")
+    assert capped["properties"]["expiration"] == "300000"
+    assert capped["properties"]["priority"] == 9
+    assert unset["properties"]["expiration"] == "600000"
+    assert "priority" not in unset["properties"]
+
+    def at(item: dict[str, Any], ms: int) -> str:
+        shown: str = page.evaluate(
+            "([iso, ms]) => new Date(Date.parse(iso) + ms).toLocaleString()",
+            [item["available_at"], ms],
+        )
+        return shown
+
+    def row(card: Locator, term: str) -> Locator:
+        return card.locator("div", has=page.get_by_text(term, exact=True)).locator("dd")
+
+    with WsClient.admin(ui_server.ws_url) as consumer:
+        consumer.subscribe("e2e-expiring")
+        # claimed first: priority 9 counts as the maximum, 2, above the other's 0
+        assert consumer.delivery()["message_id"] == capped["message_id"]
+        page.goto(f"{ui_server.base_url}/#/queues/e2e-expiring")
+        held = page.locator('li.message[data-status="in_flight"]')
+        ready = page.locator('li.message[data-status="ready"]')
+        expect(held).to_have_count(1)
+        expect(ready).to_have_count(1)
+        expect(row(held, "Priority")).to_have_text("2 (set 9, capped at x-max-priority 2)")
+        expect(held.get_by_text("Expires", exact=True)).to_have_count(0)
+        expect(row(held, "Expiry")).to_have_text(
+            f"None while in flight; returned to the queue after {at(capped, 300000)}, "
+            "it expires instead of being requeued"
+        )
+        expect(row(ready, "Priority")).to_have_text("0 (none set)")
+        expect(row(ready, "Expires")).to_have_text(at(unset, 600000))
 
 
 def test_exchange_page_shows_its_alternate_and_exchange_bindings_both_ways(
