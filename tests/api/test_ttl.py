@@ -213,6 +213,48 @@ def test_a_websocket_nack_and_a_disconnect_expire_a_copy_past_its_expiry(
     assert get(adm, q) == []
 
 
+def test_an_ack_timeout_of_a_copy_past_its_expiry_expires_it(
+    srv: LiveServer, adm: httpx.Client
+) -> None:
+    dlq, with_target, without = fresh("dlq"), fresh(), fresh()
+    declare_queue(adm, dlq)
+    lease = {"ack_timeout_seconds": 1, "arguments": {"x-message-ttl": 300}}
+    declare_queue(adm, with_target, dead_letter_queue=dlq, **lease)
+    declare_queue(adm, without, **lease)
+
+    def released(outcome: str) -> float:
+        return counter(
+            srv, "messagex_deliveries_released_total", reason="ack_timeout", outcome=outcome
+        )
+
+    before = {o: released(o) for o in ("requeued", "dead_lettered", "discarded")}
+    publish(adm, with_target, "a")
+    publish(adm, without, "b")
+    [a] = get(adm, with_target)
+    [b] = get(adm, without)
+
+    # in flight it never expires; once its lease runs out (1 s, well past the 300 ms TTL) the
+    # release expires it instead of requeueing it: it is never ready here again
+    def expired_on_release() -> bool:
+        rows = browse(adm, with_target) + browse(adm, without)
+        assert all(r["status"] == "in_flight" for r in rows), rows
+        return rows == []
+
+    wait_for(expired_on_release, 5, message="the ack timeout to release both copies")
+    [dead] = browse(adm, dlq)
+    assert dead["message_id"] == a["message_id"]
+    assert dead["status"] == "ready"
+    [death] = dead["headers"]["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == (with_target, "expired", 1)
+    assert released("dead_lettered") == before["dead_lettered"] + 1
+    assert released("discarded") == before["discarded"] + 1
+    assert released("requeued") == before["requeued"]
+    # the leases are gone with them: a late settlement is of an unknown delivery
+    for m in (a, b):
+        assert adm.post(f"/deliveries/{m['delivery_tag']}/ack").status_code == 404
+    assert get(adm, with_target) == get(adm, without) == []
+
+
 def test_ttl_zero_is_delivered_only_to_a_waiting_subscriber(
     adm: httpx.Client, srv: LiveServer
 ) -> None:

@@ -48,7 +48,7 @@ def _storable_string(item: str) -> None:
             raise ValueError("strings may not contain an unpaired UTF-16 surrogate") from None
 
 
-def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+def _storable_value(value: Any) -> Any:
     _storable(value)
     return value
 
@@ -58,9 +58,13 @@ def _routing_key(value: str) -> str:
     return value
 
 
+#: Each key and value checked on its own, so that a 422 names the argument
+#: (``body.arguments.x-dead-letter-routing-key``), as the checks of app.domain.arguments do.
 Arguments = Annotated[
-    dict[str, Any],
-    AfterValidator(_json_object),
+    dict[
+        Annotated[str, AfterValidator(_storable_value)],
+        Annotated[Any, AfterValidator(_storable_value)],
+    ],
     Field(description="Free-form JSON object, stored as given"),
 ]
 PositiveInt32 = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
