@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import os
 import platform
@@ -87,7 +88,7 @@ NEEDS_BROKER = {
     "pooler",
     "brokers",
 }
-NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits"}
+NEEDS_RABBITMQ = {"rabbitmq", "idle", "scale", "limits", "expiry"}
 
 CEILING_BATCHES = (1, 10, 100)
 CEILING_CONNECTIONS = (1, 4)
@@ -462,7 +463,10 @@ class Run:
         assert self.pg is not None
         count = DEFAULTS["expiry_count"][1 if self.cfg.smoke else 0]
         settings = expiry.Settings(self.mx_settings(), self.pg.url, count)
-        await self.scenario("expiry", "expiry", expiry.run(settings))
+        await self.scenario("expiry", "expiry mx", expiry.run(settings))
+        if not self.rabbit_skipped:
+            rabbit_settings = dataclasses.replace(self.rabbit_settings(), count=count)
+            await self.scenario("expiry", "expiry rabbitmq", expiry.run_rabbit(rabbit_settings))
 
     async def run_filterops(self) -> None:
         assert self.pg is not None

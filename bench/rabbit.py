@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,7 +123,20 @@ class Rabbit:
         return channel
 
     @staticmethod
-    async def publisher(conn: Any, queue: str, seqs: Sequence[int], mode: str) -> None:
+    async def ready(channel: Any, queue: str) -> int:
+        """How many messages ``queue`` holds ready (a passive ``queue.declare``: no
+        management plugin needed)."""
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count)
+
+    @staticmethod
+    async def publisher(
+        conn: Any, queue: str, seqs: Sequence[int], mode: str, due: float | None = None
+    ) -> None:
+        """Publish ``seqs`` on a channel of its own with publisher confirms: ``single``
+        waits for each confirm, ``batch`` for BATCH at a time. With ``due`` (a
+        ``time.monotonic()`` moment), each message's ``expiration`` is the time left until
+        then (none left: 0), so that every one of them falls due at that moment."""
         import aio_pika
 
         channel = await conn.channel(publisher_confirms=True)
@@ -130,7 +144,8 @@ class Rabbit:
         persistent = aio_pika.DeliveryMode.PERSISTENT
 
         async def publish(seq: int) -> None:
-            message = aio_pika.Message(make_body(seq), delivery_mode=persistent)
+            left = None if due is None else max(0.0, due - time.monotonic())
+            message = aio_pika.Message(make_body(seq), delivery_mode=persistent, expiration=left)
             await exchange.publish(message, routing_key=queue)
 
         try:

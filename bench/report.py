@@ -93,6 +93,11 @@ def _round_ratios(results: list[Result]) -> list[dict[str, Any]]:
     idle = {r.name.split()[0]: r for r in ok if r.group == "idle"}
     if "mx" in idle and "rabbitmq" in idle:
         out.append(compare(idle["mx"], idle["rabbitmq"]))
+    expiry = {r.name: r for r in ok if r.group == "expiry"}
+    for name, r in expiry.items():  # mx expire N / rabbitmq expire N, and deliver
+        base = expiry.get(name.replace("mx ", "rabbitmq ", 1))
+        if name.startswith("mx ") and base is not None:
+            out.append(compare(r, base))
     return out
 
 
@@ -175,9 +180,12 @@ def _scale_row(r: Result) -> str:
 
 def _expiry_row(r: Result) -> str:
     cpu = r.cpu_s_per_1k
+    cells = [_fmt(cpu.get(k), ".3f") for k in ("broker", "postgres", "rabbitmq", "client")]
+    server_ratio = (r.extra.get("cpu_vs_delivery") or {}).get("server")
     return (
         f"{r.name:<44} {r.status:<10} {r.messages:>7} {_fmt(r.rate, '.0f'):>9} "
-        f"{_fmt(cpu.get('broker'), '.3f'):>7} {_fmt(cpu.get('postgres'), '.3f'):>7}"
+        + " ".join(f"{c:>7}" for c in cells)
+        + f" {_fmt(server_ratio, '.3f'):>7} {_fmt(r.extra.get('rate_vs_delivery'), '.2f'):>8}"
     )
 
 
@@ -236,7 +244,7 @@ def table(meta: dict[str, Any], results: list[Result], ratio_rows: list[dict[str
         (
             "expiry",
             f"{'expiry vs delivery (issue 20)':<44} {'status':<10} {'copies':>7} {'copies/s':>9} "
-            f"{'broker':>7} {'pg':>7}",
+            f"{'broker':>7} {'pg':>7} {'rabbit':>7} {'client':>7} {'cpu e/d':>7} {'rate e/d':>8}",
             _expiry_row,
         ),
         (
