@@ -2,7 +2,7 @@
 
 The client is generated at test time into a temporary directory (no generated code is
 committed), imported under a name of its own, and used the way a user would: log in,
-declare, bind, publish, browse, get, ack.
+declare (with typed arguments), bind, publish, browse, get, ack.
 """
 
 from __future__ import annotations
@@ -95,15 +95,31 @@ def test_generated_client_declares_binds_publishes_browses_gets_and_acks(
 
 
 def drive(g: dict[str, Any], models: Any, api: Any) -> None:
+    # The arguments that take effect are typed fields, and only those given are sent.
     exchange = g["api.exchanges.declare_exchange"].sync(
-        "gen.orders", client=api, body=models.ExchangeDeclare(type_=models.ExchangeType.TOPIC)
+        "gen.orders",
+        client=api,
+        body=models.ExchangeDeclare(
+            type_=models.ExchangeType.TOPIC,
+            arguments=models.ExchangeDeclareArguments(alternate_exchange="amq.fanout"),
+        ),
     )
     assert isinstance(exchange, models.ExchangeOut), exchange
     assert exchange.type_ == models.ExchangeType.TOPIC
+    assert exchange.arguments.additional_properties == {"alternate-exchange": "amq.fanout"}
+    arguments = models.QueueDeclareArguments(
+        x_max_length=1000, x_overflow=models.QueueDeclareArgumentsXOverflow.REJECT_PUBLISH
+    )
     queue = g["api.queues.declare_queue"].sync(
-        "gen.invoices", client=api, body=models.QueueDeclare(max_delivery_count=3)
+        "gen.invoices",
+        client=api,
+        body=models.QueueDeclare(max_delivery_count=3, arguments=arguments),
     )
     assert isinstance(queue, models.QueueOut), queue
+    assert queue.arguments.additional_properties == {
+        "x-max-length": 1000,
+        "x-overflow": "reject-publish",
+    }
     binding = g["api.bindings.create_binding"].sync(
         client=api,
         body=models.BindingCreate(

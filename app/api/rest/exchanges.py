@@ -21,9 +21,10 @@ router = APIRouter(tags=["exchanges"])
     description=(
         "201 when created, 200 when an identical exchange exists (compared after defaults), "
         "409 when one exists with other properties. Names starting with `amq.` are reserved. "
-        '`arguments["alternate-exchange"]` names an existing exchange (404 if missing) '
-        "through which a message this exchange routes to no queue goes on (§14); naming "
-        "one needs read on this exchange and write on the alternate."
+        '`arguments["alternate-exchange"]` names an existing exchange (404 if missing; 422 '
+        "naming it if it is not an exchange name) through which a message this exchange "
+        "routes to no queue goes on (§14); naming one needs read on this exchange and write "
+        "on the alternate. Other keys are stored as given."
     ),
     response_model=ExchangeOut,
     status_code=status.HTTP_201_CREATED,
@@ -85,7 +86,9 @@ async def get_exchange(name: PathName, services: ServicesDep, user: UserDep) -> 
         "Deletes the bindings it is source or destination of. Built-in and `amq.` "
         "exchanges cannot be deleted (403). An exchange another names as its "
         "`alternate-exchange` may be deleted: that exchange then has no alternate until "
-        "one of that name is declared again."
+        "one of that name is declared again. An exchange that a queue names as its "
+        "`x-dead-letter-exchange` cannot be deleted, `if_unused` or not (409, naming the "
+        "queues)."
     ),
     response_model=None,
     status_code=status.HTTP_204_NO_CONTENT,

@@ -22,7 +22,12 @@ router = APIRouter(tags=["queues"])
         "201 when created, 200 when an identical queue exists (compared after defaults), "
         "409 when one exists with other properties. An empty body means all defaults. "
         "`dead_letter_queue` may not be the queue itself (422, checked first), must exist "
-        "(404) and needs write permission on it."
+        "(404) and needs write permission on it. `arguments` (§13, §15, §16): a wrong type, "
+        "range or combination of an argument that takes effect is 422 naming it "
+        "(`arguments.x-max-length`); setting both `dead_letter_queue` and "
+        "`x-dead-letter-exchange`, or `x-dead-letter-routing-key` without "
+        "`x-dead-letter-exchange`, is 422. `x-dead-letter-exchange` must name an existing "
+        "exchange (404) and needs write permission on it. Other keys are stored as given."
     ),
     response_model=QueueOut,
     status_code=status.HTTP_201_CREATED,

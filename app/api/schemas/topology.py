@@ -6,10 +6,19 @@ import math
 from typing import Annotated, Any
 
 from fastapi import Path, Query
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictBool
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    WithJsonSchema,
+)
 
 from app.api.schemas.common import Name, StrictModel
 from app.broker.topology import QueueInfo
+from app.domain import arguments as args
 from app.domain.model import NAME_PATTERN, Binding, Exchange, ExchangeType, Queue
 
 #: Integer columns are 32-bit.
@@ -67,6 +76,173 @@ Arguments = Annotated[
     ],
     Field(description="Free-form JSON object, stored as given"),
 ]
+
+
+# The queue and exchange arguments that take effect, for the OpenAPI document only: the
+# domain (app.domain.arguments) checks them when the broker declares, so a wrong one is the
+# broker's problem+json 422 naming it, not a model's. Ranges come from its constants;
+# tests/api/test_openapi.py checks that every key it reads is listed here and no other.
+
+_NAMED: dict[str, JsonValue] = {"type": "string"}
+_EXCHANGE_NAME: dict[str, JsonValue] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": NAME_PATTERN,
+}
+
+
+def _integer(low: int, high: int, description: str) -> dict[str, JsonValue]:
+    # A bound a double cannot hold (2**63 - 1) is said in words only, as QueryBody.after
+    # does: the document's numbers are doubles, and it would come out as 2**63.
+    if float(high) != high:
+        return {"type": "integer", "minimum": low, "description": f"{description} At most {high}."}
+    return {"type": "integer", "minimum": low, "maximum": high, "description": description}
+
+
+_QUEUE_ARGUMENTS: dict[str, JsonValue] = {
+    args.MESSAGE_TTL: _integer(
+        0,
+        args.MAX_TTL_MS,
+        "RabbitMQ's x-message-ttl (§13): milliseconds a copy may stay ready in this queue "
+        "(counted from its available_at) before it expires; with a message's "
+        "properties.expiration the smaller one applies. An expired copy is never delivered: "
+        "it is dead-lettered (reason expired) when the queue has a dead-letter target, "
+        "else deleted.",
+    ),
+    args.EXPIRES: _integer(
+        args.MIN_EXPIRES_MS,
+        args.MAX_EXPIRES_MS,
+        "RabbitMQ's x-expires (§13): milliseconds; a queue with no subscription, no get and "
+        "no re-declaration for that long is deleted, as DELETE /queues/{name} would.",
+    ),
+    args.MAX_LENGTH_KEY: _integer(
+        0,
+        args.MAX_LENGTH,
+        "RabbitMQ's x-max-length (§13): the most ready copies the queue holds (delayed and "
+        "in-flight ones do not count); x-overflow says what a publish beyond it does.",
+    ),
+    args.MAX_LENGTH_BYTES: _integer(
+        0,
+        args.MAX_LENGTH,
+        "RabbitMQ's x-max-length-bytes (§13): the most body bytes its ready copies hold "
+        "together; x-overflow says what a publish beyond it does.",
+    ),
+    args.OVERFLOW: {
+        "type": "string",
+        "enum": [o.value for o in args.Overflow],
+        "description": (
+            "RabbitMQ's x-overflow (§13): what a publish that would pass x-max-length or "
+            "x-max-length-bytes does. drop-head (also when absent): the oldest ready copies "
+            "leave to make room (dead-lettered, reason maxlen, when the queue has a "
+            "dead-letter target, else deleted); reject-publish: the new copy is not stored "
+            "in this queue (the publish result lists the queue under rejected); "
+            "reject-publish-dlx: as reject-publish, and the rejected copy is dead-lettered "
+            "(reason maxlen)."
+        ),
+    },
+    args.MAX_PRIORITY_KEY: _integer(
+        1,
+        args.MAX_PRIORITY,
+        "RabbitMQ's x-max-priority (§13): ready copies are claimed highest "
+        "properties.priority first (none: 0; above this maximum: the maximum). Without it "
+        "priority is stored and ignored.",
+    ),
+    args.SINGLE_ACTIVE_CONSUMER: {
+        "type": "boolean",
+        "description": (
+            "RabbitMQ's x-single-active-consumer (§13; absent: false): only the oldest "
+            "WebSocket subscription, across every broker process, receives deliveries; the "
+            "others wait (SUBSCRIBED says active: false) and the next one takes over once "
+            "the previous one's deliveries are settled. A pull get while one is active is "
+            "409."
+        ),
+    },
+    args.MESSAGE_GROUPS: {
+        "type": "boolean",
+        "description": (
+            "x-message-groups (§16; MessageX's own, RabbitMQ has none; absent: false): copies "
+            "with the same properties.group_id are delivered one at a time, in claim order; "
+            "other copies in parallel as usual."
+        ),
+    },
+    args.DEAD_LETTER_EXCHANGE: {
+        **_EXCHANGE_NAME,
+        "description": (
+            "RabbitMQ's x-dead-letter-exchange (§13): an existing exchange (404 if missing; "
+            "needs write permission on it) through which dead-lettered copies are routed as "
+            "new copies. Not together with dead_letter_queue (422). The exchange cannot be "
+            "deleted while a queue names it (409)."
+        ),
+    },
+    args.DEAD_LETTER_ROUTING_KEY: {
+        "type": "string",
+        "description": (
+            "RabbitMQ's x-dead-letter-routing-key (§13): the routing key dead-lettered copies "
+            "are routed with through x-dead-letter-exchange, which it needs (422 without); "
+            "default: the message's own routing key. No NUL characters."
+        ),
+    },
+    args.DEDUP_WINDOW: _integer(
+        args.MIN_DEDUP_WINDOW_SECONDS,
+        args.MAX_DEDUP_WINDOW_SECONDS,
+        "x-deduplication-window-seconds (§15; MessageX's own, RabbitMQ has none): a publish "
+        "with the message_id of a copy published into this queue less than this many "
+        "seconds ago, whether that copy is still there or not, stores nothing here (the "
+        "publish result lists the queue under duplicates).",
+    ),
+}
+
+QueueDeclareArguments = Annotated[
+    dict[str, Any],
+    AfterValidator(_json_object),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": _QUEUE_ARGUMENTS,
+            "additionalProperties": True,
+            "dependentRequired": {
+                args.DEAD_LETTER_ROUTING_KEY: [args.DEAD_LETTER_EXCHANGE],
+            },
+            "description": (
+                "Queue arguments (§13, §15, §16). The ones listed take effect, with "
+                "RabbitMQ's names and meanings; a wrong type, range or combination is 422 "
+                "naming the argument (arguments.x-max-length) and changes nothing. Integers "
+                'must be JSON integers (not 1.0, not "1"). Any other key is stored as '
+                "given and ignored. Arguments are compared on re-declaration (409 if they "
+                "differ)."
+            ),
+        }
+    ),
+]
+
+ExchangeDeclareArguments = Annotated[
+    dict[str, Any],
+    AfterValidator(_json_object),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": {
+                args.ALTERNATE_EXCHANGE: {
+                    **_EXCHANGE_NAME,
+                    "description": (
+                        "RabbitMQ's alternate-exchange (§14): an existing exchange (404 if "
+                        "missing; this exchange itself is allowed) through which a message "
+                        "this exchange routes to no queue goes on, with the same key and "
+                        "headers. Needs read on this exchange and write on the alternate. "
+                        "The alternate may be deleted later."
+                    ),
+                },
+            },
+            "additionalProperties": True,
+            "description": (
+                "Exchange arguments (§14). alternate-exchange takes effect (422 naming it if "
+                "it is not an exchange name); any other key is stored as given and ignored. "
+                "Arguments are compared on re-declaration (409 if they differ)."
+            ),
+        }
+    ),
+]
 PositiveInt32 = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
 RoutingKey = Annotated[str, Field(max_length=MAX_ROUTING_KEY_LENGTH), AfterValidator(_routing_key)]
 
@@ -104,7 +280,7 @@ class ExchangeDeclare(StrictModel):
     auto_delete: Annotated[
         StrictBool, Field(description="Deleted when its last binding is removed")
     ] = False
-    arguments: Arguments = Field(default_factory=dict)
+    arguments: ExchangeDeclareArguments = Field(default_factory=dict)
 
     def to_domain(self, name: str) -> Exchange:
         return Exchange(
@@ -142,6 +318,20 @@ class ExchangeOut(BaseModel):
 class QueueDeclare(StrictModel):
     """``PUT /queues/{name}``: every field is optional; an empty body means all defaults."""
 
+    # Not both dead-letter targets (§13: 422), said as BindingCreate says its rule.
+    model_config = ConfigDict(
+        **StrictModel.model_config,
+        json_schema_extra={
+            "not": {
+                "properties": {
+                    "dead_letter_queue": _NAMED,
+                    "arguments": {"required": [args.DEAD_LETTER_EXCHANGE]},
+                },
+                "required": ["dead_letter_queue", "arguments"],
+            },
+        },
+    )
+
     durable: StrictBool = True
     max_delivery_count: Annotated[
         PositiveInt32 | None, Field(description="Deliveries before dead-lettering; null: unlimited")
@@ -153,7 +343,7 @@ class QueueDeclare(StrictModel):
     ack_timeout_seconds: Annotated[
         PositiveInt32 | None, Field(description="null: the broker default (ACK_TIMEOUT_SECONDS)")
     ] = None
-    arguments: Arguments = Field(default_factory=dict)
+    arguments: QueueDeclareArguments = Field(default_factory=dict)
 
     def to_domain(self, name: str) -> Queue:
         return Queue(
@@ -208,9 +398,6 @@ class Purged(BaseModel):
 
 
 # --------------------------------------------------------------------------- bindings
-
-
-_NAMED: dict[str, JsonValue] = {"type": "string"}
 
 
 class BindingCreate(StrictModel):
