@@ -69,13 +69,11 @@ def _routing_key(value: str) -> str:
 
 #: Each key and value checked on its own, so that a 422 names the argument
 #: (``body.arguments.x-dead-letter-routing-key``), as the checks of app.domain.arguments do.
-Arguments = Annotated[
-    dict[
-        Annotated[str, AfterValidator(_storable_value)],
-        Annotated[Any, AfterValidator(_storable_value)],
-    ],
-    Field(description="Free-form JSON object, stored as given"),
+_StorableObject = dict[
+    Annotated[str, AfterValidator(_storable_value)],
+    Annotated[Any, AfterValidator(_storable_value)],
 ]
+Arguments = Annotated[_StorableObject, Field(description="Free-form JSON object, stored as given")]
 
 
 # The queue and exchange arguments that take effect, for the OpenAPI document only: the
@@ -194,8 +192,7 @@ _QUEUE_ARGUMENTS: dict[str, JsonValue] = {
 }
 
 QueueDeclareArguments = Annotated[
-    dict[str, Any],
-    AfterValidator(_json_object),
+    _StorableObject,
     WithJsonSchema(
         {
             "type": "object",
@@ -217,8 +214,7 @@ QueueDeclareArguments = Annotated[
 ]
 
 ExchangeDeclareArguments = Annotated[
-    dict[str, Any],
-    AfterValidator(_json_object),
+    _StorableObject,
     WithJsonSchema(
         {
             "type": "object",
