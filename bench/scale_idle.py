@@ -70,6 +70,9 @@ QUEUES = (10_000, 200)
 PROBES = (200, 20)
 DELAYED = ((20_000, 120.0), (400, 4.0))
 DELAYED_QUEUES = (1_000, 20)
+#: the waiting bracket of the delayed scenario keeps this far from the last publish and the
+#: first due time
+WAIT_SETTLE_S = 1.0
 BUSY_QUEUES = ((1_000, 10), (20, 2))
 BUSY_COUNT = (50_000, 1_000)
 #: a busy consumer acks in groups of this many (or after 2 ms, AckBatcher), both brokers
@@ -364,7 +367,8 @@ class Scale:
             published_s = (time.time_ns() - (base - int(lead * 1e9))) / 1e9
             if time.time_ns() > base:
                 raise BenchError(f"publishing took {published_s:.1f} s, longer than the lead")
-            await asyncio.sleep((base - time.time_ns()) / 1e9)
+            waiting = await self._while_waiting(base)
+            await asyncio.sleep(max(0, base - time.time_ns()) / 1e9)
             meters = self.meters()
             meters.start()
             started = now_ns()
@@ -380,12 +384,36 @@ class Scale:
             result.extra["cpu_percent"] = cpu
             result.extra["server_cpu_percent"] = _sum(cpu.get("broker"), cpu.get("postgres"))
             result.extra["publish_s"] = round(published_s, 1)
+            if waiting is not None:
+                result.extra["waiting_s"] = waiting[0]
+                result.extra["waiting_cpu_percent"] = waiting[1]
+                result.extra["waiting_server_cpu_percent"] = _sum(
+                    waiting[1].get("broker"), waiting[1].get("postgres")
+                )
             result.note = "latency_ms is lateness after the due time"
             return result
         finally:
             await cancel_all(tasks)
             await bounded(sockets, WsClient.close)
             await self.delete(queues)
+
+    async def _while_waiting(
+        self, first_due_ns: int
+    ) -> tuple[float, dict[str, float | None]] | None:
+        """The server's CPU while every delayed copy is stored and none is due yet: from a
+        second after the last publish to a second before the first due time (the idle cost
+        of what waits; None when that leaves under 5 s)."""
+        await asyncio.sleep(WAIT_SETTLE_S)
+        seconds = (first_due_ns - time.time_ns()) / 1e9 - WAIT_SETTLE_S
+        if seconds < 5.0:
+            return None
+        meters = self.meters()
+        meters.start()
+        started = now_ns()
+        await asyncio.sleep(seconds)
+        meters.stop()
+        elapsed = (now_ns() - started) / 1e9
+        return round(elapsed, 1), cpu_percent(meters, elapsed)
 
     # -- many busy queues ------------------------------------------------------------------
 
