@@ -73,6 +73,10 @@ DELAYED_QUEUES = (1_000, 20)
 #: the waiting bracket of the delayed scenario keeps this far from the last publish and the
 #: first due time
 WAIT_SETTLE_S = 1.0
+#: the paced scenario's size (full, smoke): messages over seconds, at the delayed rate
+PACED = ((10_000, 60.0), (200, 2.0))
+#: consumers' connections in the delayed and paced scenarios (1,000 queues over 10)
+DUE_CONNECTIONS = 10
 BUSY_QUEUES = ((1_000, 10), (20, 2))
 BUSY_COUNT = (50_000, 1_000)
 #: a busy consumer acks in groups of this many (or after 2 ms, AckBatcher), both brokers
@@ -333,7 +337,7 @@ class Scale:
         for q in queues:
             binding = {"exchange": EXCHANGE, "queue": q, "routing_key": q}
             await self.mx.call("POST", "/bindings", binding)
-        sockets = await self.open_subscribers(queues, 10, 100)
+        sockets = await self.open_subscribers(queues, DUE_CONNECTIONS, 100)
         lateness: list[int] = []
         due_ns: dict[int, int] = {}
         sink = Sink(count)
@@ -417,6 +421,116 @@ class Scale:
         meters.stop()
         elapsed = (now_ns() - started) / 1e9
         return round(elapsed, 1), cpu_percent(meters, elapsed)
+
+    # -- paced: the delayed scenario's deliveries, published as they fall due ---------------
+
+    def paced_size(self) -> tuple[int, float]:
+        count, over = self.pick(PACED)
+        if given := os.environ.get("MX_BENCH_PACED"):
+            count, over = int(given.split(":")[0]), float(given.split(":")[1])
+        return int(count), float(over)
+
+    async def paced(self) -> Result:
+        """The deliveries of ``delayed`` without the delay: the same queues and consumers,
+        each message published alone (``POST /queues/{q}/messages``) at the moment a delayed
+        one would fall due, so the server's CPU is what publishing and delivering that rate
+        costs, beside ``rabbit_paced`` (the floor of the work, next to ``delayed``'s)."""
+        count, over = self.paced_size()
+        queues = [f"scale-paced-{i}" for i in range(self.pick(DELAYED_QUEUES))]
+        name = f"scale paced ws messages={count} over={over:g}s"
+        params = {"messages": count, "over_s": over, "queues": len(queues)}
+        await self.declare(queues)
+        sockets = await self.open_subscribers(queues, DUE_CONNECTIONS, 100)
+        sink = Sink(count)
+        tasks = [asyncio.create_task(self.mx.ws_consumer(ws, sink)) for ws in sockets]
+        http = await RawHttp.open(self.mx.port)
+
+        async def publish(seq: int) -> None:
+            body = b'{"body":' + make_body(seq) + b"}"
+            await http.send(self.mx.post(f"/queues/{queues[seq % len(queues)]}/messages", body))
+
+        try:
+            return await self._paced_load(name, params, count, over, sink, tasks, publish)
+        finally:
+            http.close()
+            await cancel_all(tasks)
+            await bounded(sockets, WsClient.close)
+            await self.delete(queues)
+
+    async def rabbit_paced(self) -> Result:
+        """``paced`` on RabbitMQ: durable queues, a consumer each (prefetch 100, an ack each)
+        on channels over ``DUE_CONNECTIONS`` connections, one persistent message at a time
+        with its publisher confirm."""
+        import aio_pika
+
+        count, over = self.paced_size()
+        queues = [f"scale-rmq-paced-{i}" for i in range(self.pick(DELAYED_QUEUES))]
+        name = f"scale paced rabbitmq messages={count} over={over:g}s"
+        params = {"messages": count, "over_s": over, "queues": len(queues)}
+        rabbit = Rabbit(self.run.cfg.rabbitmq_url)
+        channels: list[Any] = []
+        try:
+            admin = await rabbit.connect()
+            sink = Sink(count)
+            conns = await bounded(range(DUE_CONNECTIONS), lambda _: rabbit.connect(), 16)
+
+            async def consumer(i: int) -> Any:  # declares its queue
+                return await rabbit.consumer(queues[i], 100, sink, None, conns[i % len(conns)])
+
+            channels = await bounded(range(len(queues)), consumer, 16)
+            pub = await admin.channel(publisher_confirms=True)
+
+            async def publish(seq: int) -> None:
+                message = aio_pika.Message(make_body(seq), delivery_mode=2)
+                key = queues[seq % len(queues)]
+                await pub.default_exchange.publish(message, routing_key=key)
+
+            return await self._paced_load(
+                name, params, count, over, sink, [], publish, self.run.rabbit_meters()
+            )
+        finally:
+            await rabbit.settle(channels)
+            if rabbit.connections:
+                for q in queues:
+                    await rabbit.delete(rabbit.connections[0], q)
+            await rabbit.close()
+
+    async def _paced_load(
+        self,
+        name: str,
+        params: dict[str, Any],
+        count: int,
+        over: float,
+        sink: Sink,
+        tasks: list[asyncio.Task[Any]],
+        publish: Callable[[int], Awaitable[None]],
+        meters: Meters | None = None,
+    ) -> Result:
+        """Publish message ``seq`` at ``seq * over / count`` seconds (one at a time, each
+        awaited), metered from the first to the last delivery: the server's CPU per second."""
+
+        async def pace(start: float) -> None:
+            for seq in range(count):
+                await asyncio.sleep(max(0.0, start + seq * over / count - time.monotonic()))
+                await publish(seq)
+
+        meters = meters or self.meters()
+        meters.start()
+        started = now_ns()
+        publisher = asyncio.create_task(pace(time.monotonic()))
+        status = await race(sink.done, [*tasks, publisher], over + 30.0)
+        meters.stop()
+        elapsed = (now_ns() - started) / 1e9
+        await cancel_all([publisher])
+        cpu = cpu_percent(meters, elapsed)
+        result = throughput_result("scale", name, params, sink, started, status)
+        result.extra["cpu_percent"] = cpu
+        result.extra["server_cpu_percent"] = (
+            cpu.get("rabbitmq")
+            if "rabbitmq" in cpu
+            else _sum(cpu.get("broker"), cpu.get("postgres"))
+        )
+        return result
 
     # -- many busy queues ------------------------------------------------------------------
 
@@ -636,6 +750,11 @@ async def scenarios(scale: Scale) -> None:
         await run.scenario("scale", name, scale.rabbit_idle(rabbit_queues, 100))
     count, over = scale.delayed_size()
     await run.scenario("scale", f"scale delayed messages={count} over={over:g}s", scale.delayed())
+    count, over = scale.paced_size()
+    await run.scenario("scale", f"scale paced ws messages={count} over={over:g}s", scale.paced())
+    if not run.rabbit_skipped:
+        name = f"scale paced rabbitmq messages={count} over={over:g}s"
+        await run.scenario("scale", name, scale.rabbit_paced())
     for n in scale.pick(BUSY_QUEUES):
         await run.scenario("scale", f"scale busy queues={n}", scale.busy(n))
     if not run.rabbit_skipped:

@@ -164,6 +164,7 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         "scale idle ws connections=200 queues=200",
         "scale idle ws connections=100 queues=200",
         "scale delayed messages=400 over=4s",
+        "scale paced ws messages=200 over=2s",
         "scale busy queues=2",
         "scale busy queues=20",
     ]
@@ -176,6 +177,8 @@ def test_smoke_run_measures_the_scale_group(smoke: tuple[dict[str, Any], str]) -
         assert ratio == 1.0 if name.endswith("=10") else ratio > 0, (name, ratio)
     assert scale["mx declare queues=200"]["elapsed_s"] > 0
     assert scale["scale busy queues=2"]["extra"]["busy_ratio"] == 1.0
+    paced = scale["scale paced ws messages=200 over=2s"]
+    assert paced["messages"] == 200 and paced["extra"]["server_cpu_percent"] > 0, paced
     assert scale["scale busy queues=20"]["extra"]["busy_ratio"] > 0
     spent = scale["scale idle ws connections=200 queues=200"]["extra"]["idle_cpu_seconds"]
     assert spent["broker"] > 0, spent
