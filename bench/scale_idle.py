@@ -322,11 +322,17 @@ class Scale:
 
     # -- delayed messages ------------------------------------------------------------------
 
-    def delayed_size(self) -> tuple[int, float]:
-        count, over = self.pick(DELAYED)
-        if given := os.environ.get("MX_BENCH_DELAYED"):
+    def _size(
+        self, sizes: tuple[tuple[int, float], tuple[int, float]], env: str
+    ) -> tuple[int, float]:
+        """Messages and seconds: ``env`` as ``N:S``, or the mode's of ``sizes``."""
+        count, over = self.pick(sizes)
+        if given := os.environ.get(env):
             count, over = int(given.split(":")[0]), float(given.split(":")[1])
         return int(count), float(over)
+
+    def delayed_size(self) -> tuple[int, float]:
+        return self._size(DELAYED, "MX_BENCH_DELAYED")
 
     async def delayed(self) -> Result:
         count, over = self.delayed_size()
@@ -425,10 +431,7 @@ class Scale:
     # -- paced: the delayed scenario's deliveries, published as they fall due ---------------
 
     def paced_size(self) -> tuple[int, float]:
-        count, over = self.pick(PACED)
-        if given := os.environ.get("MX_BENCH_PACED"):
-            count, over = int(given.split(":")[0]), float(given.split(":")[1])
-        return int(count), float(over)
+        return self._size(PACED, "MX_BENCH_PACED")
 
     async def paced(self) -> Result:
         """The deliveries of ``delayed`` without the delay: the same queues and consumers,
