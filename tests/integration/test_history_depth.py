@@ -45,6 +45,9 @@ FROM generate_series(1, $3) AS g
 async def fill(url: str, *groups: tuple[int, str, int, float], body: int = 1) -> None:
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
+        # a commit flushed at once: VACUUM sets a page all-visible only once its rows'
+        # inserting commit is flushed (the test cluster may commit asynchronously)
+        await conn.execute("SET synchronous_commit = on")
         await conn.executemany(FILL, [(*g, body) for g in groups])
     finally:
         await conn.close()
