@@ -708,8 +708,12 @@ def test_delayed_messages_of_many_queues_falling_due_together_share_a_claim(
         declare_queue(adm, name)
         bind(adm, exchange, name)
     with WsClient.admin(url) as ws:
+        subscribed = claims(srv)
         for name in queues:
             ws.subscribe(name, 5)
+        # each subscription's first claim (its queue is empty) runs after SUBSCRIBED: wait
+        # for all 30, or a loaded machine counts some of them below
+        wait_for(lambda: claims(srv) >= subscribed + len(queues), message="first claims")
         before = claims(srv)
         started = time.monotonic()
         for body, delay in (("first", 800), ("second", 1200)):
@@ -727,7 +731,9 @@ def test_delayed_messages_of_many_queues_falling_due_together_share_a_claim(
         assert 0.79 <= first <= 1.3, (name, seen)  # not early; due + 100 ms, CI slack
         assert 1.19 <= second <= 1.7, (name, seen)
     print(f"{2 * len(queues)} delayed deliveries in {statements:.0f} claim statements")
-    assert statements <= 12, statements  # one a queue each time would be 60
+    # one a queue each time would be 60 (and as many next-due look-ups); a poll that finds
+    # a queue due before a late timer turn claims it alone: room for that on a loaded machine
+    assert statements <= 20, statements
 
 
 def test_single_active_and_group_queues_falling_due_with_plain_ones_are_served(
