@@ -92,6 +92,18 @@ def text_frame_header(length: int) -> bytes:
     return struct.pack("!BBQ", 0x81, 127, length)
 
 
+def framed_texts(frames: list[bytes], before: list[bytes] | None = None) -> bytes:
+    """``frames`` (UTF-8 texts) as final, unmasked, uncompressed text frames, after the bytes
+    ``before``: what websockets' ``send_text`` writes for each, at a tenth of its cost."""
+    if not before and len(frames) == 1:
+        return text_frame_header(len(frames[0])) + frames[0]
+    out = before if before is not None else []
+    for data in frames:
+        out.append(text_frame_header(len(data)))
+        out.append(data)
+    return b"".join(out)
+
+
 def plain_texts(data: bytes, max_size: int | None) -> list[str] | None:
     """The texts of ``data`` when it is nothing but whole, final, masked, uncompressed text
     frames of valid UTF-8, each of at most ``max_size`` bytes and 65,535 (a client's ACKs
@@ -424,13 +436,8 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
                 raise ClientDisconnected() from None
             self.transport.write(b"".join(self.conn.data_to_send()))
         else:
-            # What send_text writes for an unfragmented, unmasked, uncompressed text frame, at
-            # a tenth of its cost per frame; after anything the protocol still has to send.
-            out = self.conn.data_to_send()
-            for data in frames:
-                out.append(text_frame_header(len(data)))
-                out.append(data)
-            self.transport.write(b"".join(out))
+            # after anything the protocol still has to send
+            self.transport.write(framed_texts(frames, self.conn.data_to_send()))
         if not self.writable.is_set():
             # Past the transport's high-water mark: wait here, so that the caller's send
             # timeout covers a peer that stopped reading even when this was the last send
@@ -453,15 +460,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             or self.initial_response is not None
         ):
             return False
-        if len(frames) == 1:
-            data = frames[0]
-            self.transport.write(text_frame_header(len(data)) + data)
-        else:
-            out: list[bytes] = []
-            for data in frames:
-                out.append(text_frame_header(len(data)))
-                out.append(data)
-            self.transport.write(b"".join(out))
+        self.transport.write(framed_texts(frames))
         return True
 
 
