@@ -257,9 +257,7 @@ async def rabbit_deliver(s: rabbit.Settings) -> tuple[Result, float]:
         result.extra["publish_s"] = round(publish_s, 2)
         return result, publish_s
     finally:
-        if client.connections:
-            await client.delete(client.connections[0], queue)
-        await client.close()
+        await client.close(delete=[queue])
 
 
 async def rabbit_expire(s: rabbit.Settings, publish_s: float) -> Result:
@@ -293,9 +291,7 @@ async def rabbit_expire(s: rabbit.Settings, publish_s: float) -> Result:
         result.extra.update(publish_s=round(spent, 2), lead_s=round(due - published, 2))
         return result
     finally:
-        if client.connections:
-            await client.delete(client.connections[0], queue)
-        await client.close()
+        await client.close(delete=[queue])
 
 
 async def run_rabbit(s: rabbit.Settings) -> list[Result]:

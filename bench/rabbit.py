@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,12 @@ class Rabbit:
         self.connections.append(conn)
         return conn
 
-    async def close(self) -> None:
+    async def close(self, delete: Iterable[str] = ()) -> None:
+        """Delete the queues ``delete`` (on the first connection, if any was made), then
+        close every connection."""
+        if self.connections:
+            for queue in delete:
+                await self.delete(self.connections[0], queue)
         for conn in self.connections:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), 10)
@@ -121,6 +126,34 @@ class Rabbit:
 
         await q.consume(on_message, no_ack=False)
         return channel
+
+    async def consumers(
+        self,
+        queues: Sequence[str],
+        connections: int,
+        prefetch: int,
+        sink: Sink,
+        ack_group: int | None = None,
+        at_once: int = 16,
+    ) -> list[Any]:
+        """A ``consumer`` of each of ``queues`` (each declares its queue) on a channel of its
+        own, the channels over ``connections`` connections made for them, at most
+        ``at_once`` being set up at a time; returns the channels."""
+        gate = asyncio.Semaphore(at_once)
+
+        async def limited(job: Awaitable[Any]) -> Any:
+            async with gate:
+                return await job
+
+        conns = await asyncio.gather(*(limited(self.connect()) for _ in range(connections)))
+        return list(
+            await asyncio.gather(
+                *(
+                    limited(self.consumer(q, prefetch, sink, ack_group, conns[i % connections]))
+                    for i, q in enumerate(queues)
+                )
+            )
+        )
 
     @staticmethod
     async def ready(channel: Any, queue: str) -> int:
@@ -202,9 +235,7 @@ async def throughput(s: Settings, mode: str, prefetch: int, ack: str = "each") -
         return result
     finally:
         await cancel_all(tasks)
-        if rabbit.connections:
-            await rabbit.delete(rabbit.connections[0], queue)
-        await rabbit.close()
+        await rabbit.close(delete=[queue])
 
 
 async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Result:
@@ -245,6 +276,4 @@ async def idle_latency(s: Settings, count: int, interval: float = 0.01) -> Resul
         return result
     finally:
         await cancel_all(tasks)
-        if rabbit.connections:
-            await rabbit.delete(rabbit.connections[0], queue)
-        await rabbit.close()
+        await rabbit.close(delete=[queue])

@@ -475,12 +475,7 @@ class Scale:
         try:
             admin = await rabbit.connect()
             sink = Sink(count)
-            conns = await bounded(range(DUE_CONNECTIONS), lambda _: rabbit.connect(), 16)
-
-            async def consumer(i: int) -> Any:  # declares its queue
-                return await rabbit.consumer(queues[i], 100, sink, None, conns[i % len(conns)])
-
-            channels = await bounded(range(len(queues)), consumer, 16)
+            channels = await rabbit.consumers(queues, DUE_CONNECTIONS, 100, sink)
             pub = await admin.channel(publisher_confirms=True)
 
             async def publish(seq: int) -> None:
@@ -493,10 +488,7 @@ class Scale:
             )
         finally:
             await rabbit.settle(channels)
-            if rabbit.connections:
-                for q in queues:
-                    await rabbit.delete(rabbit.connections[0], q)
-            await rabbit.close()
+            await rabbit.close(delete=queues)
 
     async def _paced_load(
         self,
@@ -617,24 +609,14 @@ class Scale:
             sink = Sink(count)
             since = time.monotonic()
             k = min(n_queues, RABBIT_BUSY_CONNECTIONS)
-            conns = await bounded(range(k), lambda _: rabbit.connect(), 16)
-
-            async def consumer(i: int) -> Any:  # declares its queue
-                queue, conn = queues[i], conns[i % k]
-                return await rabbit.consumer(queue, 100, sink, BUSY_ACK_GROUP, conn)
-
-            channels = await bounded(range(n_queues), consumer, 16)
+            channels = await rabbit.consumers(queues, k, 100, sink, BUSY_ACK_GROUP)
             self.step(f"{n_queues} queues declared, a consumer (channel) each, {k} conns", since)
             publish = partial(_rabbit_publish_spread, admin, queues)
             meters = self.run.rabbit_meters()
             return await self._busy_load(meters, name, params, sink, [], publish)
         finally:
             await rabbit.settle(channels)
-            if rabbit.connections:
-                admin = rabbit.connections[0]
-                for q in queues:
-                    await rabbit.delete(admin, q)
-            await rabbit.close()
+            await rabbit.close(delete=queues)
 
 
 async def _rabbit_publish_spread(conn: Any, queues: Sequence[str], seqs: range) -> None:
