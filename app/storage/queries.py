@@ -321,8 +321,7 @@ def ready_in_claim_order(columns: str, limit: str, lock: str = "", queue: str = 
     rows come out in claim order; callers that number them use CLAIM_ORDER. "Due" is by the
     statement's own clock (``statement_timestamp()``, which is ``now()`` for a statement
     alone): inside a transaction that waited for a queue's lock (storage/limits.py),
-    ``now()`` would be the
-    time it began, before the copies committed while it waited."""
+    ``now()`` would be the time it began, before the copies committed while it waited."""
     return f"""
     SELECT * FROM (
         SELECT {columns} FROM messages

@@ -109,11 +109,17 @@ def test_a_bad_frame_gets_an_error_and_the_connection_stays_open(
     alive(server)
 
 
-def test_invalid_utf8_closes_1007(server: LiveServer, no_crash: Any) -> None:
+def close_code(server: LiveServer, data: bytes) -> int | None:
+    """Send ``data`` as it is on a new authenticated WebSocket: the code of the close that
+    answers it."""
     with WsClient.admin(server.ws_url) as ws:
-        ws.ws.socket.sendall(_masked(1, b'{"type": "PING", "x": "\xff\xfe"}'))
+        ws.ws.socket.sendall(data)
         code, _ = ws.expect_close()
-        assert code == 1007
+    return code
+
+
+def test_invalid_utf8_closes_1007(server: LiveServer, no_crash: Any) -> None:
+    assert close_code(server, _masked(1, b'{"type": "PING", "x": "\xff\xfe"}')) == 1007
     alive(server)
 
 
@@ -324,11 +330,8 @@ def test_an_unmasked_frame_closes_1002(server: LiveServer, no_crash: Any) -> Non
 
 def test_a_close_frame_after_text_frames_in_one_read(server: LiveServer, no_crash: Any) -> None:
     """The texts before the close reach the app; the close is echoed."""
-    with WsClient.admin(server.ws_url) as ws:
-        close = _frame(8, (1000).to_bytes(2, "big") + b"bye")
-        ws.ws.socket.sendall(_masked(1, _ping("a")) + close)
-        code, _ = ws.expect_close()
-        assert code == 1000
+    close = _frame(8, (1000).to_bytes(2, "big") + b"bye")
+    assert close_code(server, _masked(1, _ping("a")) + close) == 1000
     alive(server)
 
 
