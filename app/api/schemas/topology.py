@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Path, Query
 from pydantic import (
@@ -57,12 +57,11 @@ def _storable_string(item: str) -> None:
             raise ValueError("strings may not contain an unpaired UTF-16 surrogate") from None
 
 
-def _storable_value(value: Any) -> Any:
-    _storable(value)
-    return value
+_V = TypeVar("_V")
 
 
-def _routing_key(value: str) -> str:
+def _storable_value(value: _V) -> _V:
+    """``value``, if PostgreSQL can store it (else ValueError: a 422 naming its place)."""
     _storable(value)
     return value
 
@@ -240,7 +239,9 @@ ExchangeDeclareArguments = Annotated[
     ),
 ]
 PositiveInt32 = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
-RoutingKey = Annotated[str, Field(max_length=MAX_ROUTING_KEY_LENGTH), AfterValidator(_routing_key)]
+RoutingKey = Annotated[
+    str, Field(max_length=MAX_ROUTING_KEY_LENGTH), AfterValidator(_storable_value)
+]
 
 
 #: Parameters shared by the topology routes.
