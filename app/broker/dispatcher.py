@@ -4,12 +4,13 @@ A queue has a claim task only while it has work: a wake-up (publish, ACK, releas
 another process) starts one, and it ends once credit or due messages run out. An idle queue
 costs no task and no statement. What a lost wake-up would leave waiting, one poll per process
 finds (``_poll``, every ``poll_interval``): one statement lists the queues with ready messages
-(``storage.deliveries.ready_queues``), the due ones among this process's are woken, and the
-ones whose first delayed message falls due before the next poll go on the process's one timer
-(``_timer``), which wakes each at its due time (measured on the database clock). Queues the
-timer finds due together are claimed together, with each one's next due time, in one
-statement (``_claim_due``): delayed messages falling due over many queues cost a statement per
-timer turn, not a claim and a look-up per message.
+(``storage.deliveries.ready_queues``), and the ones whose first delayed message falls due
+before the next poll go on the process's one timer (``_timer``), which wakes each at its due
+time (measured on the database clock). The due queues the poll finds, and those the timer
+finds due together, are claimed together, with each one's next due time, in one statement
+(``_claim_due``): delayed messages falling due over many queues cost a statement per timer
+turn, not a claim and a look-up per message, and a poll that finds many queues due after a
+lost notification costs one claim, not one per queue.
 """
 
 from __future__ import annotations
@@ -204,7 +205,8 @@ class Dispatcher:
             elif seconds < self.poll_interval:
                 self._wake_at(queue_id, seconds)
         if due_now:
-            self.hub.wake(due_now)
+            # as the timer's due queues: plain ones claimed together in one statement
+            self._fire(due_now)
 
     def wake_later(self, delays: Mapping[int, float]) -> None:
         """Delayed messages were stored: wake each watched queue of ``delays`` (queue id →
